@@ -1,0 +1,120 @@
+"""TOML composition and CLI overrides: `@ a.toml @ b.toml --orchestrator.batch-size 32`.
+
+Files merge left to right (tables deep-merge, scalars and arrays replace), then dashed overrides
+apply. Validation errors are reported with the dotted path of the offending field.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import tomli_w
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A config that cannot start: bad file, unknown key, wrong type or impossible value."""
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: invalid TOML: {e}") from e
+
+
+def _parse_value(raw: str) -> Any:
+    """TOML literal if it parses (numbers, bools, arrays, quoted strings), else the raw string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = [k.replace("-", "_") for k in dotted.split(".")]
+    if not all(keys):
+        raise ConfigError(f"bad override --{dotted}")
+    node = tree
+    for k in keys[:-1]:
+        child = node.setdefault(k, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--{dotted}: '{k}' is not a table")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_args(argv: Sequence[str]) -> dict[str, Any]:
+    """Turn `@ file ... --a.b value --flag` into one merged dict."""
+    merged: dict[str, Any] = {}
+    overrides: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "@":
+            if i + 1 >= len(argv):
+                raise ConfigError("'@' must be followed by a TOML file")
+            merged = deep_merge(merged, load_toml(argv[i + 1]))
+            i += 2
+        elif arg.startswith("@") and len(arg) > 1:
+            merged = deep_merge(merged, load_toml(arg[1:]))
+            i += 1
+        elif arg.startswith("--"):
+            key, eq, inline = arg[2:].partition("=")
+            if eq:
+                value: Any = _parse_value(inline)
+                i += 1
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--") and argv[i + 1] != "@":
+                value = _parse_value(argv[i + 1])
+                i += 2
+            else:
+                value = True
+                i += 1
+            _set_dotted(overrides, key, value)
+        else:
+            raise ConfigError(f"unexpected argument {arg!r}: use '@ file.toml' or '--section.key value'")
+    return deep_merge(merged, overrides)
+
+
+def format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) or e["type"] == "missing" else f" (got {got!r})"
+        lines.append(f"  {loc}: {msg}{shown}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def validate(model: type[M], data: dict[str, Any]) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e)) from None
+
+
+def load(model: type[M], argv: Sequence[str]) -> M:
+    return validate(model, parse_args(argv))
+
+
+def to_toml(cfg: BaseModel) -> str:
+    return tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True))

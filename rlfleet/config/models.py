@@ -1,0 +1,162 @@
+"""Pydantic models for every rlfleet config.
+
+One RL config (`RLConfig`) resolves into three job configs (trainer, orchestrator, inference) that
+each engine component also accepts on its own from the CLI. Every model forbids unknown keys so a
+typo fails before anything starts, with the field's dotted path in the message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Strict):
+    path: str = Field(description="Local HF model directory (config.json, safetensors, tokenizer).")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @field_validator("path")
+    @classmethod
+    def _non_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+
+class InferenceConfig(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1024, le=65535, description="Port of replica 0; replica i uses port + i.")
+    num_replicas: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_model_len: int = Field(512, ge=16)
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
+    cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU hosts.")
+    enforce_eager: bool = True
+    startup_timeout_s: float = Field(600.0, gt=0)
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class OrchestratorConfig(Strict):
+    env: Literal["repeat"] = "repeat"
+    batch_size: int = Field(16, ge=1, description="Prompts per step.")
+    group_size: int = Field(8, ge=2, description="Samples per prompt (GRPO group).")
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, gt=0.0)
+    micro_batch_size: int = Field(32, ge=1, description="Sequences per trainer micro-batch.")
+    max_async_level: int = Field(0, ge=0, description="0 = on-policy.")
+    request_timeout_s: float = Field(120.0, gt=0)
+
+
+class TrainerConfig(Strict):
+    lr: float = Field(3e-3, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    clip_low: float = Field(0.2, ge=0.0, le=1.0)
+    clip_high: float = Field(0.28, ge=0.0)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    checkpoint_interval: int = Field(5, ge=1, description="Checkpoint every k steps (and the last).")
+    keep_weights: int = Field(3, ge=1, description="Weight snapshots kept for broadcast.")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    num_threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch's default.")
+    poll_interval_s: float = Field(0.05, gt=0)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError("each beta must be in [0, 1)")
+        return v
+
+
+class DeploymentConfig(Strict):
+    type: Literal["single_node"] = "single_node"
+    num_inference_gpus: int = Field(0, ge=0, description="0 = CPU inference.")
+    num_train_gpus: int = Field(0, ge=0, description="0 = CPU trainer.")
+
+
+class TaskPolicy(Strict):
+    retries: int = Field(2, ge=0)
+    retry_delay_s: float = Field(2.0, ge=0)
+    step_timeout_s: float = Field(900.0, gt=0, description="Timeout of one task of a step.")
+
+
+class WandbConfig(Strict):
+    mode: Literal["offline", "online", "disabled", "auto"] = "auto"
+    project: str = "rlfleet"
+
+
+class _RunBase(Strict):
+    output_dir: str = "outputs/run"
+    seed: int = 0
+    max_steps: int = Field(20, ge=1)
+    model: ModelConfig
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+
+class TrainerJobConfig(_RunBase):
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+
+class InferenceJobConfig(Strict):
+    output_dir: str = "outputs/run"
+    seed: int = 0
+    model: ModelConfig
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
+
+
+class OrchestratorJobConfig(_RunBase):
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+
+
+class RLConfig(_RunBase):
+    run_name: str | None = None
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    deployment: DeploymentConfig = Field(default_factory=DeploymentConfig)
+    tasks: TaskPolicy = Field(default_factory=TaskPolicy)
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RLConfig:
+        o, i = self.orchestrator, self.inference
+        if o.max_async_level != 0:
+            raise ValueError("orchestrator.max_async_level: only 0 (on-policy) is implemented so far")
+        if o.max_tokens >= i.max_model_len:
+            raise ValueError(
+                f"orchestrator.max_tokens ({o.max_tokens}) must be below inference.max_model_len ({i.max_model_len})"
+            )
+        if i.port + i.num_replicas - 1 > 65535:
+            raise ValueError("inference.port: port + num_replicas - 1 exceeds 65535")
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.run_name or Path(self.output_dir).name
+
+    def trainer_job(self) -> TrainerJobConfig:
+        return TrainerJobConfig(**self._base(), trainer=self.trainer)
+
+    def orchestrator_job(self) -> OrchestratorJobConfig:
+        return OrchestratorJobConfig(**self._base(), orchestrator=self.orchestrator)
+
+    def inference_job(self) -> InferenceJobConfig:
+        return InferenceJobConfig(
+            output_dir=self.output_dir, seed=self.seed, model=self.model, inference=self.inference
+        )
+
+    def _base(self) -> dict:
+        return dict(output_dir=self.output_dir, seed=self.seed, max_steps=self.max_steps, model=self.model)

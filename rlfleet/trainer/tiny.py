@@ -1,0 +1,81 @@
+"""A tiny random-init Llama with a character tokenizer, made locally so nothing comes from a hub.
+
+The vocabulary is one token per printable ASCII character plus specials, padded to the model's
+vocab size so every id vLLM can sample decodes to something. head_dim is 64 because vLLM's CPU
+attention rejects 16 (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders
+from tokenizers.models import BPE
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+CHARS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]  # 95 printable + "\n"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    tokens = SPECIALS + CHARS
+    if vocab_size < len(tokens):
+        raise ValueError(f"vocab_size must be >= {len(tokens)}")
+    tokens += [f"<extra_{i}>" for i in range(vocab_size - len(tokens))]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    # BPE without merges = one token per character; Fuse joins decoded characters without spaces.
+    tok = Tokenizer(BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.add_special_tokens(SPECIALS)
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=4096,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def tiny_config(vocab_size: int = 128, hidden: int = 128, layers: int = 2, heads: int = 2) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        torch_dtype="float32",
+    )
+
+
+def make_tiny_model(out: str | Path, seed: int = 0, **shape: int) -> Path:
+    """Write a random-init model + tokenizer that both transformers and vLLM load."""
+    out = Path(out)
+    cfg = tiny_config(**shape)
+    if cfg.head_dim < 32:
+        raise ValueError(f"head_dim {cfg.head_dim} < 32: vLLM's CPU attention rejects it")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    build_tokenizer(cfg.vocab_size).save_pretrained(out)
+    gen = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    return out
