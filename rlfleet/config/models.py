@@ -13,7 +13,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
-
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -108,6 +107,7 @@ class _RunBase(Strict):
 
 class TrainerJobConfig(_RunBase):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    gpu_ids: list[str] = Field(default_factory=list, description="CUDA devices of the trainer; empty = CPU.")
 
 
 class InferenceJobConfig(Strict):
@@ -115,6 +115,20 @@ class InferenceJobConfig(Strict):
     seed: int = 0
     model: ModelConfig
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    gpu_ids: list[str] = Field(default_factory=list, description="CUDA devices, tp per replica; empty = CPU.")
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.gpu_ids)
+
+    @model_validator(mode="after")
+    def _gpus(self) -> InferenceJobConfig:
+        need = self.inference.num_replicas * self.inference.tensor_parallel_size
+        if self.gpu_ids and len(self.gpu_ids) != need:
+            raise ValueError(
+                f"gpu_ids: {len(self.gpu_ids)} GPUs for num_replicas x tensor_parallel_size = {need}"
+            )
+        return self
 
 
 class OrchestratorJobConfig(_RunBase):
@@ -139,6 +153,12 @@ class RLConfig(_RunBase):
             raise ValueError(
                 f"orchestrator.max_tokens ({o.max_tokens}) must be below inference.max_model_len ({i.max_model_len})"
             )
+        d = self.deployment
+        if d.num_inference_gpus and d.num_inference_gpus != i.num_replicas * i.tensor_parallel_size:
+            raise ValueError(
+                f"deployment.num_inference_gpus ({d.num_inference_gpus}) must equal inference.num_replicas x "
+                f"inference.tensor_parallel_size ({i.num_replicas} x {i.tensor_parallel_size})"
+            )
         if i.port + i.num_replicas - 1 > 65535:
             raise ValueError("inference.port: port + num_replicas - 1 exceeds 65535")
         return self
@@ -147,15 +167,19 @@ class RLConfig(_RunBase):
     def name(self) -> str:
         return self.run_name or Path(self.output_dir).name
 
-    def trainer_job(self) -> TrainerJobConfig:
-        return TrainerJobConfig(**self._base(), trainer=self.trainer)
+    def trainer_job(self, gpu_ids: list[str] | None = None) -> TrainerJobConfig:
+        return TrainerJobConfig(**self._base(), trainer=self.trainer, gpu_ids=gpu_ids or [])
 
     def orchestrator_job(self) -> OrchestratorJobConfig:
         return OrchestratorJobConfig(**self._base(), orchestrator=self.orchestrator)
 
-    def inference_job(self) -> InferenceJobConfig:
+    def inference_job(self, gpu_ids: list[str] | None = None) -> InferenceJobConfig:
         return InferenceJobConfig(
-            output_dir=self.output_dir, seed=self.seed, model=self.model, inference=self.inference
+            output_dir=self.output_dir,
+            seed=self.seed,
+            model=self.model,
+            inference=self.inference,
+            gpu_ids=gpu_ids or [],
         )
 
     def _base(self) -> dict:

@@ -71,11 +71,15 @@ class RunStore:
         if self.is_local:
             Path(dest).parent.mkdir(parents=True, exist_ok=True)
             tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, dest)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, dest)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
         else:
             # Single-PUT object writes are atomic on S3-compatible stores.
             self.fs.pipe_file(dest, data)
@@ -137,9 +141,18 @@ class RunStore:
             p = self.path(rel, name)
             if not self.fs.exists(p) or self.fs.size(p) != entry["size"]:
                 raise CorruptArtifact(f"{rel}/{name}: missing or wrong size")
-            if verify and self.is_local and sha256_file(p) != entry["sha256"]:
+            if verify and self._sha256(p) != entry["sha256"]:
                 raise CorruptArtifact(f"{rel}/{name}: checksum mismatch")
         return manifest
+
+    def _sha256(self, path: str) -> str:
+        if self.is_local:
+            return sha256_file(path)
+        h = hashlib.sha256()
+        with self.fs.open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        return h.hexdigest()
 
     def complete_steps(self, kind: str) -> list[int]:
         """Steps N for which `<kind>/step_N` has a manifest (not verified)."""

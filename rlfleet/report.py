@@ -1,0 +1,88 @@
+"""What a person looks at after a run: summary.json, a reward-curve PNG, and wandb metrics."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+from rlfleet.store import RunStore
+
+
+def reward_curve_png(steps: list[dict[str, Any]], title: str) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [s["step"] for s in steps]
+    ys = [s["mean_reward"] for s in steps]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    ax.plot(xs, ys, marker="o", markersize=3, label="mean reward")
+    if len(ys) >= 5:
+        w = 5
+        smooth = [
+            sum(ys[max(0, i - w + 1) : i + 1]) / len(ys[max(0, i - w + 1) : i + 1]) for i in range(len(ys))
+        ]
+        ax.plot(xs, smooth, linewidth=2, label=f"moving mean ({w})")
+    ax.set(xlabel="step", ylabel="mean reward", title=title, ylim=(0, 1.02))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_report(
+    store: RunStore, steps: list[dict[str, Any]], wall_seconds: float, config_path: str, title: str
+) -> dict[str, Any]:
+    summary = {
+        "steps": steps,
+        "wall_seconds": wall_seconds,
+        "config": config_path,
+        "first3_mean_reward": _mean([s["mean_reward"] for s in steps[:3]]),
+        "last3_mean_reward": _mean([s["mean_reward"] for s in steps[-3:]]),
+        "reward_curve": store.path("reward_curve.png"),
+    }
+    store.write_bytes("reward_curve.png", reward_curve_png(steps, title))
+    store.write_json("summary.json", summary)
+    return summary
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+class WandbSink:
+    """wandb logging; offline unless an API key is set (mode 'auto'), so a laptop run never blocks."""
+
+    def __init__(self, mode: str, project: str, name: str, directory: Path, config: dict[str, Any]):
+        if mode == "auto":
+            mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        self.run = None
+        if mode == "disabled":
+            return
+        import wandb
+
+        directory.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(
+            project=project,
+            name=name,
+            dir=str(directory),
+            mode=mode,
+            config=config,
+            reinit="finish_previous",
+            settings=wandb.Settings(silent=True),
+        )
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.run is not None:
+            self.run.log({k: v for k, v in metrics.items() if isinstance(v, int | float)}, step=step)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None

@@ -1,0 +1,101 @@
+"""The Prefect tasks of one RL step. Thin: each calls the engine and returns a small manifest.
+
+Every task is idempotent at the store level: if its artifact for (run, step) is already
+published it returns that manifest instead of redoing the work, so Prefect retries and reruns
+resume at the first unfinished piece.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from rlfleet.config.models import RLConfig
+from rlfleet.inference.pool import get_pool
+from rlfleet.orchestrator.batch import build_batches
+from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout
+from rlfleet.runs import weights_path
+from rlfleet.store import RunStore, step_dir
+from rlfleet.trainer.launch import get_trainer
+from rlfleet.trainer.worker import is_checkpoint_step
+
+
+def brief(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A manifest as a task result: everything but the per-file table, plus the file count."""
+    return {**{k: v for k, v in manifest.items() if k != "files"}, "num_files": len(manifest["files"])}
+
+
+def _store(cfg: RLConfig) -> RunStore:
+    return RunStore(cfg.output_dir)
+
+
+@task(name="launch_inference_pool", task_run_name="launch_inference_pool")
+def launch_inference_pool(cfg: RLConfig, gpu_ids: list[str], resume_from: int) -> dict[str, Any]:
+    """Start (or health-check) the vLLM replicas; a resumed run loads its checkpointed weights."""
+    pool = get_pool(cfg.inference_job(gpu_ids))
+    if resume_from >= 0 and pool.policy_step != resume_from:
+        return pool.broadcast(resume_from, weights_path(_store(cfg), resume_from))
+    return {"step": pool.policy_step, "replicas": pool.ensure()}
+
+
+@task(name="rollout", task_run_name="rollout-{step}")
+def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
+    store = _store(cfg)
+    existing = store.manifest(step_dir("rollouts", step))
+    if existing is not None and existing["policy_step"] == step - 1:
+        return brief(existing)
+    pool = get_pool(cfg.inference_job(gpu_ids))
+    urls = pool.ensure()
+    return brief(run_rollout(store, step, cfg.orchestrator, cfg.model.path, urls, cfg.seed, pool.policy_step))
+
+
+@task(name="aggregate", task_run_name="aggregate-{step}")
+def aggregate(cfg: RLConfig, step: int, num_ranks: int = 1) -> dict[str, Any]:
+    store = _store(cfg)
+    if (existing := store.manifest(step_dir("batches", step))) is not None:
+        return brief(existing)
+    pad_id = load_tokenizer(cfg.model.path).pad_token_id or 0
+    return brief(
+        build_batches(
+            store,
+            step,
+            cfg.orchestrator.micro_batch_size,
+            pad_id,
+            num_ranks,
+            cursor={"next_step": step + 1, "seed": cfg.seed},
+            temperature=cfg.orchestrator.temperature,
+        )
+    )
+
+
+@task(name="train", task_run_name="train-{step}")
+def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
+    """Make sure the long-lived trainer runs, then wait for it to finish step N (or die)."""
+    store = _store(cfg)
+    trainer = get_trainer(cfg.trainer_job(gpu_ids), Path(store.path("configs", "trainer.toml")))
+    trainer.ensure()
+    return trainer.wait_step(store, step, cfg.tasks.step_timeout_s)
+
+
+@task(name="broadcast_weights", task_run_name="broadcast_weights-{step}")
+def broadcast_weights(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
+    pool = get_pool(cfg.inference_job(gpu_ids))
+    return pool.broadcast(step, weights_path(_store(cfg), step))
+
+
+@task(name="checkpoint", task_run_name="checkpoint-{step}")
+def checkpoint(cfg: RLConfig, step: int) -> dict[str, Any] | None:
+    """Verify the trainer's checkpoint for a checkpoint step; None on other steps."""
+    if not is_checkpoint_step(step, cfg.trainer.checkpoint_interval, cfg.max_steps):
+        return None
+    manifest = _store(cfg).manifest(step_dir("checkpoints", step), verify=True)
+    if manifest is None:
+        raise RuntimeError(f"checkpoints/step_{step} is missing after train step {step}")
+    return {
+        "step": step,
+        "cursor": manifest["cursor"],
+        "files": len(manifest["files"]),
+        "bytes": sum(f["size"] for f in manifest["files"].values()),
+    }

@@ -1,0 +1,85 @@
+"""The long-lived trainer: resume, then for each step wait for its batch, train, publish.
+
+It holds the model and optimizer warm across steps and talks to the rest of the system only
+through the run store (DESIGN.md): it executes step N once `batches/step_N` is published and
+answers with `weights/step_N`, a checkpoint every `checkpoint_interval` steps (and at the last), and
+`metrics/step_N.json` written last, which is the signal that step N is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from rlfleet.config.models import TrainerJobConfig
+from rlfleet.orchestrator.batch import load_micro_batches
+from rlfleet.store import RunStore, step_dir
+from rlfleet.trainer.checkpoint import (
+    checkpoint_model_path,
+    latest_checkpoint,
+    load_optimizer_state,
+    prune_weights,
+    publish_weights,
+    save_checkpoint,
+)
+from rlfleet.trainer.train import load_model, make_optimizer, pick_device, train_step
+
+log = logging.getLogger("rlfleet.trainer")
+
+
+def is_checkpoint_step(step: int, interval: int, max_steps: int) -> bool:
+    return (step + 1) % interval == 0 or step == max_steps - 1
+
+
+def wait_for_batch(store: RunStore, step: int, poll_s: float) -> None:
+    rel = step_dir("batches", step)
+    while store.manifest(rel) is None:
+        time.sleep(poll_s)
+
+
+def run_trainer(cfg: TrainerJobConfig) -> None:
+    tc = cfg.trainer
+    store = RunStore(cfg.output_dir)
+    device = pick_device(tc.device)
+    if tc.num_threads:
+        torch.set_num_threads(tc.num_threads)
+    torch.manual_seed(cfg.seed)
+
+    ckpt = latest_checkpoint(store)
+    start = 0 if ckpt is None else ckpt["step"] + 1
+    model = load_model(
+        cfg.model.path if ckpt is None else checkpoint_model_path(store, ckpt["step"]),
+        cfg.model.dtype,
+        device,
+    )
+    optimizer = make_optimizer(model, tc)
+    if ckpt is not None:
+        load_optimizer_state(store, ckpt["step"], optimizer, device)
+    log.info("trainer on %s, starting at step %d (checkpoint: %s)", device, start, ckpt and ckpt["step"])
+
+    for step in range(start, cfg.max_steps):
+        wait_for_batch(store, step, tc.poll_interval_s)
+        t0 = time.perf_counter()
+        batch_manifest, micro = load_micro_batches(store, step)
+        metrics: dict[str, Any] = train_step(
+            model,
+            optimizer,
+            micro,
+            batch_manifest["num_loss_tokens"],
+            tc,
+            batch_manifest.get("temperature", 1.0),
+        )
+        publish_weights(store, step, model, cfg.model.path)
+        if is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
+            save_checkpoint(store, step, model, optimizer, batch_manifest["cursor"], cfg.model.path)
+        prune_weights(store, tc.keep_weights)
+        metrics.update(
+            step=step, reward_mean=batch_manifest["reward_mean"], step_seconds=time.perf_counter() - t0
+        )
+        store.write_json(f"metrics/step_{step}.json", metrics)
+        log.info(
+            "step %d: %s", step, {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
+        )

@@ -1,0 +1,37 @@
+"""Single-node GPU placement: inference first, then the trainer, from the visible devices."""
+
+from __future__ import annotations
+
+import os
+
+from rlfleet.config.loader import ConfigError
+from rlfleet.config.models import DeploymentConfig
+
+
+def visible_gpus() -> list[str]:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def assign_gpus(d: DeploymentConfig, visible: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """(inference GPU ids, trainer GPU ids). One visible GPU may be shared by both (one-GPU mode)."""
+    ni, nt = d.num_inference_gpus, d.num_train_gpus
+    if ni == 0 and nt == 0:
+        return [], []
+    visible = visible_gpus() if visible is None else visible
+    if nt > 1:
+        raise ConfigError(
+            "deployment.num_train_gpus > 1 (FSDP2 over torchrun) is not implemented yet; use 0 or 1"
+        )
+    if ni + nt <= len(visible):
+        return visible[:ni], visible[ni : ni + nt]
+    if len(visible) == 1 and ni <= 1 and nt <= 1:
+        return visible[:ni], visible[:nt]
+    raise ConfigError(
+        f"deployment asks for {ni} inference + {nt} trainer GPUs but {len(visible)} are visible "
+        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+    )
