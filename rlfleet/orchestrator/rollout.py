@@ -22,11 +22,12 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(path)
 
 
-def prompt_ids(tok: PreTrainedTokenizerBase, prompt: Prompt) -> list[int]:
-    messages = [{"role": "user", "content": prompt.text}]
-    return list(
-        tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    )
+def prompt_ids(tok: PreTrainedTokenizerBase, prompt: Prompt, chat: bool) -> list[int]:
+    if chat:
+        messages = [{"role": "user", "content": prompt.text}]
+        return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+    ids = tok(prompt.text, add_special_tokens=False)["input_ids"]
+    return [tok.bos_token_id, *ids] if tok.bos_token_id is not None else ids
 
 
 def run_rollout(
@@ -47,7 +48,7 @@ def run_rollout(
     env = env or get_env(cfg.env)
     tok = load_tokenizer(model_path)
     prompts = env.prompts(step, cfg.batch_size, seed)
-    ids = [prompt_ids(tok, p) for p in prompts]
+    ids = [prompt_ids(tok, p, env.chat) for p in prompts]
     groups = asyncio.run(
         sample_groups(
             urls,

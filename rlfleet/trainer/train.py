@@ -60,7 +60,7 @@ def train_step(
             cfg.clip_high,
         )
         loss.backward()
-        totals["loss"] += float(loss)
+        totals["loss"] += float(loss.detach())
         for k, v in stats.items():
             totals[k] += v
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
