@@ -24,10 +24,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
-    try:
+    with contextlib.suppress(OSError):  # not glibc: rely on the pidfile reaper
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # not glibc: rely on the pidfile reaper
-        pass
 
 
 @dataclass

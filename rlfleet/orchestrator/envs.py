@@ -26,7 +26,6 @@ class Environment(Protocol):
     name: str
     chat: bool  # wrap prompts in the tokenizer's chat template, or send them as raw text
 
-
     def prompts(self, step: int, count: int, seed: int, split: str = "train") -> list[Prompt]: ...
 
     def reward(self, prompt: Prompt, completion: str, max_tokens: int) -> float: ...

@@ -25,7 +25,9 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
 def prompt_ids(tok: PreTrainedTokenizerBase, prompt: Prompt, chat: bool) -> list[int]:
     if chat:
         messages = [{"role": "user", "content": prompt.text}]
-        return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        return list(
+            tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        )
     ids = tok(prompt.text, add_special_tokens=False)["input_ids"]
     return [tok.bos_token_id, *ids] if tok.bos_token_id is not None else ids
 

@@ -1,0 +1,78 @@
+"""Shared fixtures: a tiny model made once, and one real Prefect API server per test session.
+
+Prefect's ephemeral API costs ~15-20 s per process start (DESIGN.md), so end-to-end tests share
+one `prefect server start` on loopback, with its own PREFECT_HOME and SQLite file, and point the
+flows at it through PREFECT_API_URL — the same path a user with a long-lived server takes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rlfleet.procs import kill_group
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from rlfleet.trainer.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    home = tmp_path_factory.mktemp("prefect_home")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home}/prefect.db",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+    }
+    env.pop("PREFECT_API_URL", None)
+    log = open(home / "server.log", "wb")  # noqa: SIM115 - closed at teardown
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_group(proc.pid)
+            raise RuntimeError(f"prefect server did not start:\n{(home / 'server.log').read_text()[-3000:]}")
+        time.sleep(0.5)
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: url, PREFECT_HOME: str(home)}):
+        os.environ["PREFECT_API_URL"] = url  # for subprocesses
+        try:
+            yield url
+        finally:
+            os.environ.pop("PREFECT_API_URL", None)
+            kill_group(proc.pid)
+            log.close()

@@ -1,0 +1,139 @@
+"""End to end: real vLLM (CPU build) + the long-lived trainer + flow `rl` on a real Prefect API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlfleet.config.loader import load
+from rlfleet.config.models import RLConfig
+from rlfleet.store import RunStore
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def rl_config(model: Path, out: Path, max_steps: int, **overrides: str) -> RLConfig:
+    args = [
+        "--model.path",
+        str(model),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        str(max_steps),
+        "--orchestrator.batch-size",
+        "4",
+        "--orchestrator.group-size",
+        "4",
+        "--orchestrator.max-tokens",
+        "8",
+        "--trainer.lr",
+        "1e-2",
+        "--trainer.checkpoint-interval",
+        "1",
+        "--inference.port",
+        str(free_port()),
+        "--inference.max-model-len",
+        "128",
+        "--wandb.mode",
+        "offline",
+        "--tasks.retries",
+        "1",
+    ]
+    for k, v in overrides.items():
+        args += [f"--{k}", v]
+    return load(RLConfig, args)
+
+
+async def _task_run_names(flow_run_id) -> set[str]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async with get_client() as client:
+        runs = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    return {r.name for r in runs}
+
+
+def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path):
+    from rlfleet.flows.rl import rl
+
+    out = tmp_path / "run"
+    store = RunStore(out)
+
+    state = rl(config=rl_config(tiny_model, out, max_steps=2), return_state=True)
+    assert state.is_completed(), state
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["step"] for s in summary["steps"]] == [0, 1]
+    assert all(0.0 <= s["mean_reward"] <= 1.0 and s["step_seconds"] > 0 for s in summary["steps"])
+    assert Path(summary["config"]).name == "rl.toml"
+    assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in ("rl", "trainer", "orchestrator", "inference"):
+        assert (out / "configs" / f"{name}.toml").is_file()
+    assert store.complete_steps("checkpoints") == [0, 1]
+    assert store.manifest("batches/step_1", verify=True)["num_loss_tokens"] > 0
+    assert (out / "logs" / "inference" / "replica_0.log").stat().st_size > 0
+    assert not list((out / "run").glob("*.pid")), "child processes left pidfiles behind"
+    first_names = asyncio.run(_task_run_names(state.state_details.flow_run_id))
+    assert {
+        "launch_inference_pool",
+        "rollout-0",
+        "train-1",
+        "broadcast_weights-1",
+        "checkpoint-1",
+    } <= first_names
+
+    done = {s: (out / f"rollouts/step_{s}/manifest.json").read_bytes() for s in (0, 1)}
+    metrics_before = {s: (out / f"metrics/step_{s}.json").read_bytes() for s in (0, 1)}
+
+    # Same output_dir, more steps: resumes at step 2 and leaves steps 0-1 untouched.
+    state = rl(config=rl_config(tiny_model, out, max_steps=4), return_state=True)
+    assert state.is_completed(), state
+    names = asyncio.run(_task_run_names(state.state_details.flow_run_id))
+    assert {"rollout-2", "rollout-3", "train-3"} <= names
+    assert not {"rollout-0", "rollout-1", "train-0", "train-1"} & names
+    for s in (0, 1):
+        assert (out / f"rollouts/step_{s}/manifest.json").read_bytes() == done[s]
+        assert (out / f"metrics/step_{s}.json").read_bytes() == metrics_before[s]
+    assert "starting at step 2" in (out / "logs/trainer/rank_0.log").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["step"] for s in summary["steps"]] == [0, 1, 2, 3]
+    assert store.manifest("rollouts/step_3")["policy_step"] == 2
+
+
+def test_broadcast_changes_served_logprobs(tiny_model, tmp_path):
+    """After reload_weights, vLLM serves the trained weights: its logprobs move and match HF's."""
+    from transformers import AutoModelForCausalLM
+
+    from rlfleet.inference.client import prompt_logprobs
+    from rlfleet.inference.pool import InferencePool
+    from rlfleet.trainer.loss import token_logprobs
+
+    cfg = rl_config(tiny_model, tmp_path / "run", max_steps=1)
+    trained = tmp_path / "trained"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    with torch.no_grad():  # a deterministic "training step": move every weight
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(trained)
+
+    prompt = [1, *range(40, 60)]
+    pool = InferencePool(cfg.inference_job())
+    try:
+        url = pool.ensure()[0]
+        before = prompt_logprobs(url, prompt)
+        manifest = pool.broadcast(0, str(trained))
+        after = prompt_logprobs(url, prompt)
+    finally:
+        pool.shutdown()
+    assert manifest["step"] == 0 and pool.replicas == []
+    assert max(abs(a - b) for a, b in zip(before, after, strict=True)) > 1e-2
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        hf = token_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:])[0].tolist()
+    assert max(abs(a - b) for a, b in zip(after, hf, strict=True)) < 1e-3
