@@ -31,6 +31,8 @@ def check_output_dir(output_dir: str) -> list[str]:
     parent = p
     while not parent.exists():
         parent = parent.parent
+    if not parent.is_dir():
+        return [f"output_dir: {parent} is a file, not a directory"]
     if not os.access(parent, os.W_OK):
         return [f"output_dir: {parent} is not writable"]
     return []

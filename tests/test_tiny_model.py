@@ -1,0 +1,36 @@
+"""The tiny model rlfleet makes loads in transformers with its tokenizer and chat template."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlfleet.trainer.tiny import make_tiny_model
+
+
+def test_tiny_model_loads_and_round_trips(tiny_model):
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    text = "Hello, world!\n42 ~"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text) and tok.decode(ids) == text
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "abc"}], add_generation_prompt=True, tokenize=False
+    )
+    assert chat == "<user>abc\n<assistant>"
+    assert model.config.head_dim >= 32
+    logits = model(input_ids=torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), model.config.vocab_size)
+    assert all(tok.decode([i]) for i in range(model.config.vocab_size)), "every sampleable id decodes"
+
+
+def test_same_seed_same_weights(tmp_path):
+    a = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / "a", seed=1))
+    b = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / "b", seed=1))
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_rejects_head_dim_below_32(tmp_path):
+    with pytest.raises(ValueError, match="head_dim 16"):
+        make_tiny_model(tmp_path / "m", hidden=64, heads=4)
