@@ -85,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # The ephemeral Prefect server otherwise logs an error per run trying to reach its telemetry host.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         return COMMANDS[argv[0]](argv[1:])
     except ConfigError as e:

@@ -88,6 +88,15 @@ def rl(config: RLConfig) -> dict[str, Any]:
                 store.write_json(f"steps/step_{step}.json", record)
                 if sink:
                     sink.log(step, {**record, **{f"train/{k}": v for k, v in metrics.items()}})
+                log.info(
+                    "step %d (%d/%d) reward %.3f loss %.4f (%.1f s)",
+                    step,
+                    step + 1,
+                    cfg.max_steps,
+                    record["mean_reward"],
+                    record["loss"],
+                    record["step_seconds"],
+                )
                 bar.update(
                     job,
                     advance=1,
