@@ -75,7 +75,7 @@ class WandbSink:
             mode=mode,
             config=config,
             reinit="finish_previous",
-            settings=wandb.Settings(silent=True),
+            settings=wandb.Settings(silent=True, console="off"),
         )
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:

@@ -20,7 +20,15 @@ from rlfleet.inference.pool import shutdown_pool
 from rlfleet.report import WandbSink, write_report
 from rlfleet.runs import discard_stale, preflight, resume_step, step_records, write_configs
 from rlfleet.store import RunStore
-from rlfleet.tasks.rl import aggregate, broadcast_weights, checkpoint, launch_inference_pool, rollout, train
+from rlfleet.tasks.rl import (
+    aggregate,
+    broadcast_weights,
+    checkpoint,
+    launch_inference_pool,
+    policy,
+    rollout,
+    train,
+)
 from rlfleet.trainer.launch import stop_trainer
 
 
@@ -48,11 +56,7 @@ def rl(config: RLConfig) -> dict[str, Any]:
     if start:
         log.info("resuming at step %d; discarded %s", start, discard_stale(store, start) or "nothing")
 
-    opts = dict(
-        retries=cfg.tasks.retries,
-        retry_delay_seconds=cfg.tasks.retry_delay_s,
-        timeout_seconds=cfg.tasks.step_timeout_s,
-    )
+    opts = policy(cfg)
     sink = (
         WandbSink(
             cfg.wandb.mode,
@@ -66,9 +70,9 @@ def rl(config: RLConfig) -> dict[str, Any]:
     )
     try:
         if start < cfg.max_steps:
-            launch_inference_pool.with_options(
-                retries=cfg.tasks.retries, timeout_seconds=cfg.inference.startup_timeout_s + 60
-            )(cfg, inf_gpus, start - 1)
+            launch_inference_pool.with_options(**policy(cfg, cfg.inference.startup_timeout_s + 60))(
+                cfg, inf_gpus, start - 1
+            )
         with _progress() as bar:
             job = bar.add_task("rl", total=cfg.max_steps, completed=start, reward="-", secs="")
             for step in range(start, cfg.max_steps):

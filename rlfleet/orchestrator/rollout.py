@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import statistics
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -12,9 +14,12 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from rlfleet.config.models import OrchestratorConfig
+from rlfleet.errors import TransientError, is_transient
 from rlfleet.orchestrator.envs import Environment, Prompt, get_env
-from rlfleet.orchestrator.sampler import sample_groups
+from rlfleet.orchestrator.sampler import Sample, sample_groups
 from rlfleet.store import RunStore, step_dir
+
+log = logging.getLogger("rlfleet.orchestrator")
 
 
 @lru_cache(maxsize=4)
@@ -37,7 +42,7 @@ def run_rollout(
     step: int,
     cfg: OrchestratorConfig,
     model_path: str,
-    urls: list[str],
+    healthy_urls: Callable[[], list[str]],
     seed: int,
     policy_step: int,
     env: Environment | None = None,
@@ -51,16 +56,8 @@ def run_rollout(
     tok = load_tokenizer(model_path)
     prompts = env.prompts(step, cfg.batch_size, seed)
     ids = [prompt_ids(tok, p, env.chat) for p in prompts]
-    groups = asyncio.run(
-        sample_groups(
-            urls,
-            ids,
-            cfg.group_size,
-            cfg.max_tokens,
-            cfg.temperature,
-            cfg.request_timeout_s,
-        )
-    )
+    groups = sample_with_healing(healthy_urls, ids, cfg)
+    num_replicas = len(healthy_urls())
     shards: dict[int, list[str]] = {}
     rewards = []
     for i, (prompt, pids, samples) in enumerate(zip(prompts, ids, groups, strict=True)):
@@ -77,7 +74,7 @@ def run_rollout(
                 "policy_step": policy_step,
                 "completion": sample.text,
             }
-            shards.setdefault(i % len(urls), []).append(json.dumps(record))
+            shards.setdefault(i % num_replicas, []).append(json.dumps(record))
     stage = store.staging_dir(step_dir("rollouts", step))
     for replica, lines in shards.items():
         (stage / f"replica_{replica}.jsonl").write_text("\n".join(lines) + "\n")
@@ -90,6 +87,46 @@ def run_rollout(
         "reward_max": max(rewards),
     }
     return store.publish_dir(stage, step_dir("rollouts", step), meta)
+
+
+def sample_with_healing(
+    healthy_urls: Callable[[], list[str]], ids: list[list[int]], cfg: OrchestratorConfig, attempts: int = 3
+) -> list[list[Sample]]:
+    """Sample every prompt; requests that failed (a replica died) are re-sent, and only those,
+    after `healthy_urls()` has relaunched what was dead."""
+    groups: list[list[Sample] | None] = [None] * len(ids)
+    pending = list(range(len(ids)))
+    for attempt in range(attempts):
+        urls = healthy_urls()
+        results = asyncio.run(
+            sample_groups(
+                urls,
+                [ids[i] for i in pending],
+                cfg.group_size,
+                cfg.max_tokens,
+                cfg.temperature,
+                cfg.request_timeout_s,
+            )
+        )
+        failed = []
+        for i, result in zip(pending, results, strict=True):
+            if isinstance(result, BaseException):
+                if not is_transient(result):
+                    raise result
+                failed.append((i, result))
+            else:
+                groups[i] = result
+        if not failed:
+            return groups  # type: ignore[return-value]
+        log.warning(
+            "rollout attempt %d: %d of %d requests failed (%s); re-sending only those",
+            attempt + 1,
+            len(failed),
+            len(pending),
+            failed[0][1],
+        )
+        pending = [i for i, _ in failed]
+    raise TransientError(f"{len(pending)} requests still failing after {attempts} attempts") from failed[0][1]
 
 
 def read_rollout(store: RunStore, step: int) -> list[dict[str, Any]]:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from rlfleet.errors import DeterministicError, TransientError
+
 
 @dataclass
 class Sample:
@@ -21,8 +23,8 @@ class Sample:
     finish_reason: str
 
 
-class SamplingError(RuntimeError):
-    pass
+class SamplingError(TransientError):
+    """The server answered with an error (an engine that died answers 500 until relaunched)."""
 
 
 async def _complete(
@@ -45,6 +47,8 @@ async def _complete(
         # ("CPU Generator does not use offset"). The server is seeded at start instead.
     }
     resp = await client.post(f"{url}/v1/completions", json=body)
+    if 400 <= resp.status_code < 500:  # our request is wrong (too long, bad parameter): no retry fixes it
+        raise DeterministicError(f"{url}: HTTP {resp.status_code}: {resp.text[:500]}")
     if resp.status_code != 200:
         raise SamplingError(f"{url}: HTTP {resp.status_code}: {resp.text[:500]}")
     out = []
@@ -63,11 +67,15 @@ async def sample_groups(
     max_tokens: int,
     temperature: float,
     timeout_s: float,
-) -> list[list[Sample]]:
-    """n samples per prompt; prompts are spread round-robin over the replicas (data parallel)."""
+) -> list[list[Sample] | BaseException]:
+    """n samples per prompt, spread round-robin over the replicas (data parallel).
+
+    A prompt whose request failed gets its exception instead of samples, so the caller can
+    re-send just the requests a dead replica owed.
+    """
     async with httpx.AsyncClient(timeout=timeout_s) as client:
         jobs = [
             _complete(client, urls[i % len(urls)], ids, n, max_tokens, temperature)
             for i, ids in enumerate(prompts)
         ]
-        return list(await asyncio.gather(*jobs))
+        return list(await asyncio.gather(*jobs, return_exceptions=True))

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
+from prefect.tasks import exponential_backoff
 
 from rlfleet.config.models import RLConfig
+from rlfleet.errors import is_transient
 from rlfleet.inference.pool import get_pool
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout
@@ -20,6 +22,22 @@ from rlfleet.runs import weights_path
 from rlfleet.store import RunStore, step_dir
 from rlfleet.trainer.launch import get_trainer
 from rlfleet.trainer.worker import is_checkpoint_step
+
+
+def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect retry condition: retry transient failures only; deterministic ones fail fast."""
+    exc = state.data
+    return not isinstance(exc, BaseException) or is_transient(exc)
+
+
+def policy(cfg: RLConfig, timeout_s: float | None = None) -> dict[str, Any]:
+    """Retries with exponential backoff, transient-only, and a timeout, for every task of the run."""
+    return dict(
+        retries=cfg.tasks.retries,
+        retry_delay_seconds=exponential_backoff(cfg.tasks.retry_delay_s),
+        retry_condition_fn=retry_if_transient,
+        timeout_seconds=timeout_s or cfg.tasks.step_timeout_s,
+    )
 
 
 def brief(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -47,8 +65,9 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     if existing is not None and existing["policy_step"] == step - 1:
         return brief(existing)
     pool = get_pool(cfg.inference_job(gpu_ids))
-    urls = pool.ensure()
-    return brief(run_rollout(store, step, cfg.orchestrator, cfg.model.path, urls, cfg.seed, pool.policy_step))
+    return brief(
+        run_rollout(store, step, cfg.orchestrator, cfg.model.path, pool.ensure, cfg.seed, pool.policy_step)
+    )
 
 
 @task(name="aggregate", task_run_name="aggregate-{step}")

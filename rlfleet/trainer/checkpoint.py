@@ -10,6 +10,7 @@ previous checkpoint as the latest complete one.
 from __future__ import annotations
 
 import io
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from rlfleet.store import RunStore, step_dir
+from rlfleet.store import CorruptArtifact, RunStore, step_dir
+
+log = logging.getLogger("rlfleet.checkpoint")
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -70,7 +73,8 @@ def latest_checkpoint(store: RunStore) -> dict[str, Any] | None:
     for step in reversed(store.complete_steps("checkpoints")):
         try:
             manifest = store.manifest(step_dir("checkpoints", step), verify=True)
-        except Exception:  # a corrupt checkpoint is skipped, the previous one is used
+        except CorruptArtifact as e:
+            log.warning("checkpoint step %d is corrupt (%s); falling back to the previous one", step, e)
             continue
         if manifest is not None:
             return manifest

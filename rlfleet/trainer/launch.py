@@ -7,8 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from rlfleet.config.models import TrainerJobConfig
-from rlfleet.procs import ManagedProcess, python_module_cmd, wait_until
+from rlfleet.errors import DeterministicError, TransientError
+from rlfleet.procs import ManagedProcess, python_module_cmd
 from rlfleet.store import RunStore
+from rlfleet.trainer.worker import read_trainer_error
+
+
+class TrainerDied(TransientError):
+    """The trainer process exited; a relaunch resumes it from the latest checkpoint."""
 
 
 class TrainerProcess:
@@ -34,25 +40,30 @@ class TrainerProcess:
         ).start()
 
     def wait_step(self, store: RunStore, step: int, timeout_s: float) -> dict[str, Any]:
-        """Block until `metrics/step_N.json` exists; raise RuntimeError if the process exits first."""
+        """Block until `metrics/step_N.json` exists; notice a dead trainer within a poll interval.
+
+        A death is a TrainerDied (transient: the retry relaunches from the latest checkpoint)
+        unless the trainer recorded an error that will recur (DeterministicError, no retry).
+        """
         rel = f"metrics/step_{step}.json"
         start = time.monotonic()
-        wait_until(
-            lambda: store.exists(rel),
-            timeout_s,
-            interval_s=0.05,
-            what=f"trainer step {step}",
-            abort=self._death_reason,
-        )
+        while not store.exists(rel):
+            if self.process is not None and not self.process.alive():
+                raise self._death_error(store)
+            if time.monotonic() - start > timeout_s:
+                raise TimeoutError(f"trainer step {step} not done after {timeout_s:.0f}s")
+            time.sleep(0.05)
         metrics = store.read_json(rel)
         metrics["wait_seconds"] = time.monotonic() - start
         return metrics
 
-    def _death_reason(self) -> str | None:
+    def _death_error(self, store: RunStore) -> Exception:
         p = self.process
-        if p is None or p.alive():
-            return None
-        return f"trainer exited with code {p.returncode()}; log tail:\n{p.log_tail()}"
+        msg = f"trainer exited with code {p.returncode()}; log tail:\n{p.log_tail()}"
+        error = read_trainer_error(store)
+        if error is not None and error.get("pid") == p.pid and error["deterministic"]:
+            return DeterministicError(f"{error['type']} at step {error['step']}: {error['message']}\n{msg}")
+        return TrainerDied(msg)
 
     def stop(self) -> None:
         if self.process is not None:

@@ -9,12 +9,15 @@ answers with `weights/step_N`, a checkpoint every `checkpoint_interval` steps (a
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
 from rlfleet.config.models import TrainerJobConfig
+from rlfleet.errors import is_transient
 from rlfleet.orchestrator.batch import load_micro_batches
 from rlfleet.store import RunStore, step_dir
 from rlfleet.trainer.checkpoint import (
@@ -40,6 +43,35 @@ def wait_for_batch(store: RunStore, step: int, poll_s: float) -> None:
         time.sleep(poll_s)
 
 
+ERROR_FILE = "run/trainer_error.json"
+
+
+def read_trainer_error(store: RunStore) -> dict[str, Any] | None:
+    return store.read_json(ERROR_FILE) if store.exists(ERROR_FILE) else None
+
+
+def record_trainer_error(store: RunStore, step: int, exc: BaseException) -> None:
+    """Leave the cause for the controller: it decides between relaunch and failing fast.
+
+    Out-of-memory is retried once; the same OOM at the same step a second time is deterministic.
+    """
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        return
+    previous = read_trainer_error(store) or {}
+    oom = isinstance(exc, torch.OutOfMemoryError)
+    repeated_oom = oom and previous.get("type") == type(exc).__name__ and previous.get("step") == step
+    store.write_json(
+        ERROR_FILE,
+        {
+            "pid": os.getpid(),
+            "step": step,
+            "type": type(exc).__name__,
+            "message": str(exc)[:2000],
+            "deterministic": repeated_oom or (not oom and not is_transient(exc)),
+        },
+    )
+
+
 def run_trainer(cfg: TrainerJobConfig) -> None:
     tc = cfg.trainer
     store = RunStore(cfg.output_dir)
@@ -60,26 +92,40 @@ def run_trainer(cfg: TrainerJobConfig) -> None:
         load_optimizer_state(store, ckpt["step"], optimizer, device)
     log.info("trainer on %s, starting at step %d (checkpoint: %s)", device, start, ckpt and ckpt["step"])
 
-    for step in range(start, cfg.max_steps):
-        wait_for_batch(store, step, tc.poll_interval_s)
-        t0 = time.perf_counter()
-        batch_manifest, micro = load_micro_batches(store, step)
-        metrics: dict[str, Any] = train_step(
-            model,
-            optimizer,
-            micro,
-            batch_manifest["num_loss_tokens"],
-            tc,
-            batch_manifest.get("temperature", 1.0),
-        )
-        publish_weights(store, step, model, cfg.model.path)
-        if is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
-            save_checkpoint(store, step, model, optimizer, batch_manifest["cursor"], cfg.model.path)
-        prune_weights(store, tc.keep_weights)
-        metrics.update(
-            step=step, reward_mean=batch_manifest["reward_mean"], step_seconds=time.perf_counter() - t0
-        )
-        store.write_json(f"metrics/step_{step}.json", metrics)
-        log.info(
-            "step %d: %s", step, {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
-        )
+    step = start
+    try:
+        for step in range(start, cfg.max_steps):
+            _train_one(store, cfg, step, model, optimizer)
+    except BaseException as e:
+        record_trainer_error(store, step, e)
+        raise
+
+
+def _train_one(
+    store: RunStore,
+    cfg: TrainerJobConfig,
+    step: int,
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+) -> None:
+    tc = cfg.trainer
+    wait_for_batch(store, step, tc.poll_interval_s)
+    t0 = time.perf_counter()
+    batch_manifest, micro = load_micro_batches(store, step)
+    metrics: dict[str, Any] = train_step(
+        model,
+        optimizer,
+        micro,
+        batch_manifest["num_loss_tokens"],
+        tc,
+        batch_manifest.get("temperature", 1.0),
+    )
+    publish_weights(store, step, model, cfg.model.path)
+    if is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
+        save_checkpoint(store, step, model, optimizer, batch_manifest["cursor"], cfg.model.path)
+    prune_weights(store, tc.keep_weights)
+    metrics.update(
+        step=step, reward_mean=batch_manifest["reward_mean"], step_seconds=time.perf_counter() - t0
+    )
+    store.write_json(f"metrics/step_{step}.json", metrics)
+    log.info("step %d: %s", step, {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
