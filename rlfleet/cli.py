@@ -76,7 +76,18 @@ def _model(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"rl": _rl, "inference": _inference, "trainer": _trainer, "model": _model}
+def _runs(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rlfleet runs")
+    parser.add_argument("action", choices=["status"])
+    parser.add_argument("output_dir")
+    args = parser.parse_args(argv)
+    from rlfleet.runs import status
+
+    print(json.dumps(status(args.output_dir), indent=2))
+    return 0
+
+
+COMMANDS = {"rl": _rl, "inference": _inference, "trainer": _trainer, "model": _model, "runs": _runs}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

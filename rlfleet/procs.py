@@ -51,7 +51,7 @@ class ManagedProcess:
             preexec_fn=_die_with_parent,
         )
         log.close()
-        self.pidfile.write_text(f"{self.proc.pid}\n{_create_time(self.proc.pid)}\n")
+        write_pidfile(self.pidfile, self.proc.pid)
         return self
 
     @property
@@ -101,14 +101,27 @@ def kill_group(pid: int, grace_s: float = 10.0) -> None:
             return
 
 
-def reap_pidfile(pidfile: Path) -> None:
-    """Kill the process a stale pidfile names, if it is still the same process."""
+def write_pidfile(pidfile: Path, pid: int) -> None:
+    """pid and its start time: a recycled pid is never mistaken for the process we started."""
+    pidfile.parent.mkdir(parents=True, exist_ok=True)
+    pidfile.write_text(f"{pid}\n{_create_time(pid)}\n")
+
+
+def pid_alive(pidfile: Path) -> int | None:
+    """The pid a pidfile names if that very process is still running, else None."""
     try:
         pid_s, ctime_s = pidfile.read_text().split()
         pid, ctime = int(pid_s), float(ctime_s)
     except (OSError, ValueError):
-        return
+        return None
     if psutil.pid_exists(pid) and abs(_create_time(pid) - ctime) < 1e-3:
+        return pid
+    return None
+
+
+def reap_pidfile(pidfile: Path) -> None:
+    """Kill the process tree a pidfile names (left by a controller that was killed), if still running."""
+    if (pid := pid_alive(pidfile)) is not None:
         kill_group(pid)
     pidfile.unlink(missing_ok=True)
 

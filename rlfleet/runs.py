@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rlfleet.config.checks import check_model, check_output_dir, check_ports, raise_if
 from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.models import RLConfig
+from rlfleet.procs import pid_alive, write_pidfile
 from rlfleet.store import RunStore, step_dir
 from rlfleet.trainer.checkpoint import latest_checkpoint
 from rlfleet.workers.placement import assign_gpus
@@ -80,8 +82,63 @@ def preflight(cfg: RLConfig) -> tuple[list[str], list[str]]:
 
 def step_records(store: RunStore) -> list[dict]:
     """The flow's per-step records (`steps/step_N.json`), in step order."""
-    if not store.exists("steps"):
+    return [store.read_json(f"steps/step_{s}.json") for s in _json_steps(store, "steps")]
+
+
+def acquire_run_lock(store: RunStore) -> None:
+    """One controller per run: a second one would reap the first one's trainer and servers."""
+    if not store.is_local:
+        return
+    lock = store.local_path("run", "controller.pid")
+    owner = pid_alive(lock)
+    if owner is not None and owner != os.getpid():
+        raise ConfigError(f"output_dir: {store.url} is in use by a running controller (pid {owner})")
+    write_pidfile(lock, os.getpid())
+
+
+def release_run_lock(store: RunStore) -> None:
+    if store.is_local:
+        store.local_path("run", "controller.pid").unlink(missing_ok=True)
+
+
+def status(output_dir: str) -> dict:
+    """What `rlfleet runs status` prints: finished steps, the resume point, and what is running."""
+    store = RunStore(output_dir)
+    ckpt = latest_checkpoint(store)
+    running = {}
+    if store.is_local and store.exists("run"):
+        for pidfile in sorted(store.local_path("run").glob("*.pid")):
+            pid = pid_alive(pidfile)
+            running[pidfile.stem] = pid
+    return {
+        "output_dir": store.url,
+        "steps_done": spans(r["step"] for r in step_records(store)),
+        "trained_steps": spans(_json_steps(store, "metrics")),
+        "rollouts": spans(store.complete_steps("rollouts")),
+        "batches": spans(store.complete_steps("batches")),
+        "weights": spans(store.complete_steps("weights")),
+        "checkpoints": spans(store.complete_steps("checkpoints")),
+        "resume_checkpoint": None if ckpt is None else ckpt["step"],
+        "resume_step": resume_step(store),
+        "processes": {name: ("running" if pid else "stale pidfile") for name, pid in running.items()},
+        "pids": {name: pid for name, pid in running.items() if pid},
+        "summary": store.exists("summary.json"),
+    }
+
+
+def spans(steps) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+    out: list[list[int]] = []
+    for s in sorted(steps):
+        if out and s == out[-1][1] + 1:
+            out[-1][1] = s
+        else:
+            out.append([s, s])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
+
+
+def _json_steps(store: RunStore, kind: str) -> list[int]:
+    if not store.exists(kind):
         return []
-    names = [p.rsplit("/", 1)[-1] for p in store.fs.ls(store.path("steps"), detail=False)]
-    steps = sorted(int(n[5:-5]) for n in names if n.startswith("step_") and n.endswith(".json"))
-    return [store.read_json(f"steps/step_{s}.json") for s in steps]
+    names = [p.rsplit("/", 1)[-1] for p in store.fs.ls(store.path(kind), detail=False)]
+    return sorted(int(n[5:-5]) for n in names if n.startswith("step_") and n.endswith(".json"))

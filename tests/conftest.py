@@ -73,6 +73,9 @@ def prefect_api(tmp_path_factory):
         try:
             yield url
         finally:
+            from prefect.logging.handlers import APILogWorker
+
+            APILogWorker.drain_all(timeout=10)  # ship queued run logs before the server goes away
             os.environ.pop("PREFECT_API_URL", None)
             kill_group(proc.pid)
             log.close()

@@ -18,7 +18,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rlfleet.config.models import RLConfig
 from rlfleet.inference.pool import shutdown_pool
 from rlfleet.report import WandbSink, write_report
-from rlfleet.runs import discard_stale, preflight, resume_step, step_records, write_configs
+from rlfleet.runs import (
+    acquire_run_lock,
+    discard_stale,
+    preflight,
+    release_run_lock,
+    resume_step,
+    step_records,
+    write_configs,
+)
 from rlfleet.store import RunStore
 from rlfleet.tasks.rl import (
     aggregate,
@@ -52,6 +60,7 @@ def rl(config: RLConfig) -> dict[str, Any]:
     inf_gpus, train_gpus = preflight(cfg)
     paths = write_configs(cfg, inf_gpus, train_gpus)
     store = RunStore(cfg.output_dir)
+    acquire_run_lock(store)
     start = resume_step(store)
     if start:
         log.info("resuming at step %d; discarded %s", start, discard_stale(store, start) or "nothing")
@@ -110,6 +119,7 @@ def rl(config: RLConfig) -> dict[str, Any]:
     finally:
         shutdown_pool(cfg.output_dir)
         stop_trainer(cfg.output_dir)
+        release_run_lock(store)
         if sink:
             sink.finish()
 

@@ -1,0 +1,137 @@
+"""Recovery building blocks without vLLM: checkpoint fallback, retry classification, run lock."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlfleet.config.loader import ConfigError
+from rlfleet.errors import DeterministicError, TransientError, is_transient
+from rlfleet.runs import acquire_run_lock, release_run_lock, resume_step, spans, status
+from rlfleet.store import RunStore
+from rlfleet.trainer.checkpoint import latest_checkpoint, save_checkpoint
+from rlfleet.trainer.worker import read_trainer_error, record_trainer_error
+
+
+@pytest.fixture
+def store_with_checkpoints(tiny_model, tmp_path):
+    store = RunStore(tmp_path / "run")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    opt = torch.optim.AdamW(model.parameters())
+    for step in (1, 3):
+        save_checkpoint(store, step, model, opt, {"next_step": step + 1}, str(tiny_model))
+    return store
+
+
+def test_resume_uses_latest_checkpoint(store_with_checkpoints):
+    assert latest_checkpoint(store_with_checkpoints)["cursor"] == {"next_step": 4}
+    assert resume_step(store_with_checkpoints) == 4
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "no_manifest"])
+def test_corrupt_checkpoint_falls_back_with_a_warning(store_with_checkpoints, caplog, damage):
+    store = store_with_checkpoints
+    ckpt = store.local_path("checkpoints", "step_3")
+    target = ckpt / "optimizer.pt"
+    data = target.read_bytes()
+    if damage == "truncate":
+        target.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        target.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    else:
+        (ckpt / "manifest.json").unlink()
+    with caplog.at_level(logging.WARNING):
+        assert latest_checkpoint(store)["step"] == 1
+    assert resume_step(store) == 2
+    if damage != "no_manifest":  # an unpublished directory is simply not a checkpoint
+        assert "checkpoint step 3 is corrupt" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("exc", "transient"),
+    [
+        (httpx.ConnectError("refused"), True),
+        (TimeoutError(), True),
+        (TransientError("replica restarting"), True),
+        (RuntimeError("unknown"), True),
+        (DeterministicError("bad request"), False),
+        (ValueError("shape mismatch"), False),
+        (ConfigError("bad field"), False),
+        (KeyError("missing"), False),
+    ],
+)
+def test_retry_classification(exc, transient):
+    assert is_transient(exc) is transient
+
+
+def test_oom_is_retried_once_then_deterministic(tmp_path):
+    store = RunStore(tmp_path)
+    record_trainer_error(store, 5, torch.OutOfMemoryError("CUDA out of memory"))
+    assert read_trainer_error(store)["deterministic"] is False
+    record_trainer_error(store, 5, torch.OutOfMemoryError("CUDA out of memory"))
+    assert read_trainer_error(store)["deterministic"] is True
+    record_trainer_error(store, 6, RuntimeError("NCCL timeout"))
+    assert read_trainer_error(store) | {"message": ""} == {
+        "pid": os.getpid(),
+        "step": 6,
+        "type": "RuntimeError",
+        "message": "",
+        "deterministic": False,
+    }
+
+
+def test_prefect_retries_transient_failures_only(prefect_api):
+    from prefect import flow, task
+
+    from rlfleet.config.models import RLConfig
+    from rlfleet.tasks.rl import policy
+
+    cfg = RLConfig.model_validate({"model": {"path": "m"}, "tasks": {"retries": 2, "retry_delay_s": 0}})
+    calls: list[str] = []
+
+    @task
+    def flaky(kind: str) -> str:
+        calls.append(kind)
+        if kind == "transient" and calls.count(kind) < 3:
+            raise httpx.ConnectError("connection refused")
+        if kind == "deterministic":
+            raise ValueError("wrong shape")
+        return "ok"
+
+    @flow
+    def run(kind: str):
+        return flaky.with_options(**policy(cfg))(kind)
+
+    assert run("transient") == "ok"
+    assert calls.count("transient") == 3
+    with pytest.raises(ValueError, match="wrong shape"):
+        run("deterministic")
+    assert calls.count("deterministic") == 1
+
+
+def test_one_controller_per_run(tmp_path):
+    store = RunStore(tmp_path)
+    acquire_run_lock(store)
+    acquire_run_lock(store)  # re-entrant for the same process
+    lock = store.local_path("run", "controller.pid")
+    parent = os.getppid()
+    from rlfleet.procs import write_pidfile
+
+    write_pidfile(lock, parent)  # a live process that is not us holds the run
+    with pytest.raises(ConfigError, match=f"pid {parent}"):
+        acquire_run_lock(store)
+    lock.write_text("999999999\n0\n")  # a dead controller's lock is stale, not a block
+    acquire_run_lock(store)
+    release_run_lock(store)
+    assert not lock.exists()
+
+
+def test_status_reports_resume_point(store_with_checkpoints):
+    s = status(store_with_checkpoints.url)
+    assert s["checkpoints"] == "1,3" and s["resume_checkpoint"] == 3 and s["resume_step"] == 4
+    assert spans([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
