@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
-from pathlib import Path
 
 from rlfleet.config.checks import check_model, check_output_dir, check_ports, raise_if
 from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.models import RLConfig
 from rlfleet.procs import pid_alive, write_pidfile
-from rlfleet.store import RunStore, step_dir
+from rlfleet.store import CorruptArtifact, RunStore, step_dir
 from rlfleet.trainer.checkpoint import latest_checkpoint
 from rlfleet.workers.placement import assign_gpus
+
+log = logging.getLogger(__name__)
 
 
 def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> dict[str, str]:
@@ -60,12 +62,27 @@ def discard_stale(store: RunStore, start: int) -> list[str]:
     return removed
 
 
-def weights_path(store: RunStore, step: int) -> str:
-    """Local path vLLM reloads step N's weights from (weights/step_N, or the checkpoint's model)."""
-    for rel in (step_dir("weights", step), f"{step_dir('checkpoints', step)}/model"):
-        if store.exists(rel):
-            return str(Path(store.path(rel)))
-    raise FileNotFoundError(f"no weights for step {step} in {store.url}")
+def newest_weights(store: RunStore, step: int) -> tuple[int, str]:
+    """(step, local path) of verified weights for `step`, else of the newest verified ones before it.
+
+    Weights come from `weights/step_N` or a checkpoint's `model/`; a missing, truncated or corrupt
+    snapshot is skipped with a warning naming it, so vLLM never loads a half-written file.
+    """
+    candidates = sorted(
+        {s for kind in ("weights", "checkpoints") for s in store.complete_steps(kind) if s <= step}, reverse=True
+    )
+    for s in candidates:
+        for rel, sub in ((step_dir("weights", s), ""), (step_dir("checkpoints", s), "model")):
+            try:
+                if store.manifest(rel, verify=True) is None:
+                    continue
+            except CorruptArtifact as e:
+                log.warning("weights in %s are corrupt (%s); trying an older snapshot", rel, e)
+                continue
+            if s != step:
+                log.warning("no complete weights for step %d; using step %d's", step, s)
+            return s, store.path(rel, sub) if sub else store.path(rel)
+    raise FileNotFoundError(f"no complete weights for step <= {step} in {store.url}")
 
 
 def preflight(cfg: RLConfig) -> tuple[list[str], list[str]]:

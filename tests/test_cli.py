@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +27,23 @@ def base(tiny_model, tmp_path):
         (["--orchestrator.max-tokens", "600"], "inference.max_model_len"),
         (["--deployment.num-inference-gpus", "3"], "deployment.num_inference_gpus"),
         (["--orchestrator.env", "chess"], "orchestrator.env"),
+        (["--orchestrator.batch-size", "-4"], "orchestrator.batch_size"),
+        (["--orchestrator.temperature", "0"], "orchestrator.temperature"),
+        (["--orchestrator.max-async-level", "1"], "orchestrator.max_async_level"),
+        (["--trainer.betas", "[0.9, 1.5]"], "trainer.betas"),
+        (["--trainer.clip-low", "1.5"], "trainer.clip_low"),
+        (["--trainer.lr"], "--trainer.lr needs a value"),
+        (["--model.dtype", "float8"], "model.dtype"),
+        (["--model.path", ""], "model.path"),
+        (["--inference.port", "65535", "--inference.num-replicas", "2"], "inference.port"),
+        (
+            ["--inference.tensor-parallel-size", "2", "--deployment.num-inference-gpus", "1"],
+            "deployment.num_inference_gpus",
+        ),
+        (["--deployment.num-train-gpus", "2"], "deployment.num_train_gpus"),
+        (["--max-steps", "2.5"], "max_steps"),
+        (["--optimizer.lr", "1"], "optimizer"),
+        (["stray"], "unexpected argument 'stray'"),
     ],
 )
 def test_bad_config_fails_naming_the_field(base, tmp_path, capsys, args, expected):
@@ -38,6 +57,51 @@ def test_missing_model_dir(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "model.path" in err and "rlfleet model tiny" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        ("trainer = 3\n", "trainer: Input should be a valid dictionary"),
+        ("[trainer\nlr = 1\n", "invalid TOML"),
+        ("[trainer]\nlearning_rate = 1e-3\n", "trainer.learning_rate"),
+    ],
+)
+def test_bad_config_file(base, tmp_path, capsys, toml, expected):
+    (tmp_path / "bad.toml").write_text(toml)
+    assert main(["rl", "@", str(tmp_path / "bad.toml"), *base]) == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_config_file(base, tmp_path, capsys):
+    assert main(["rl", "@", str(tmp_path / "nope.toml"), *base]) == 2
+    assert "config file not found" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_dir_without_weights(tiny_model, tmp_path, capsys):
+    broken = tmp_path / "model"
+    broken.mkdir()
+    for f in tiny_model.iterdir():
+        if f.suffix != ".safetensors":
+            (broken / f.name).write_bytes(f.read_bytes())
+    assert main(["rl", "--model.path", str(broken), "--output-dir", str(tmp_path / "out")]) == 2
+    assert "lacks *.safetensors" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_unwritable_output_dir(base, tmp_path, capsys):
+    # root ignores mode bits; procfs directories stay unwritable even for root
+    ro = Path("/proc/1") if os.geteuid() == 0 else tmp_path / "ro"
+    ro.mkdir(mode=0o500, exist_ok=True)
+    try:
+        assert main(["rl", *base, "--output-dir", str(ro / "run")]) == 2
+        assert "not writable" in capsys.readouterr().err
+        assert not (ro / "run").exists()
+    finally:
+        if ro != Path("/proc/1"):
+            ro.chmod(0o700)
 
 
 def test_output_dir_under_a_file(base, tmp_path, capsys):

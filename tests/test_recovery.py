@@ -12,9 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from rlfleet.config.loader import ConfigError
 from rlfleet.errors import DeterministicError, TransientError, is_transient
-from rlfleet.runs import acquire_run_lock, release_run_lock, resume_step, spans, status
+from rlfleet.runs import acquire_run_lock, newest_weights, release_run_lock, resume_step, spans, status
 from rlfleet.store import RunStore
-from rlfleet.trainer.checkpoint import latest_checkpoint, save_checkpoint
+from rlfleet.trainer.checkpoint import latest_checkpoint, publish_weights, save_checkpoint
 from rlfleet.trainer.worker import read_trainer_error, record_trainer_error
 
 
@@ -50,6 +50,29 @@ def test_corrupt_checkpoint_falls_back_with_a_warning(store_with_checkpoints, ca
     assert resume_step(store) == 2
     if damage != "no_manifest":  # an unpublished directory is simply not a checkpoint
         assert "checkpoint step 3 is corrupt" in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["none", "truncate", "no_manifest"])
+def test_broadcast_uses_newest_complete_weights(store_with_checkpoints, tiny_model, caplog, damage):
+    store = store_with_checkpoints
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    publish_weights(store, 4, model, str(tiny_model))
+    snap = store.local_path("weights", "step_4")
+    if damage == "truncate":
+        f = next(snap.glob("*.safetensors"))
+        f.write_bytes(f.read_bytes()[:100])
+    elif damage == "no_manifest":
+        (snap / "manifest.json").unlink()
+    with caplog.at_level(logging.WARNING):
+        step, path = newest_weights(store, 4)
+    if damage == "none":
+        assert (step, path) == (4, str(snap))
+        assert not caplog.text
+    else:  # falls back to the step-3 checkpoint's model, saying so
+        assert (step, path) == (3, str(store.local_path("checkpoints", "step_3") / "model"))
+        assert "using step 3's" in caplog.text
+    with pytest.raises(FileNotFoundError):
+        newest_weights(store, 0)
 
 
 @pytest.mark.parametrize(

@@ -62,8 +62,8 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
-def parse_args(argv: Sequence[str]) -> dict[str, Any]:
-    """Turn `@ file ... --a.b value --flag` into one merged dict."""
+def parse_args(argv: Sequence[str], flags: list[str] | None = None) -> dict[str, Any]:
+    """Turn `@ file ... --a.b value --flag` into one merged dict; bare `--flag`s go to `flags`."""
     merged: dict[str, Any] = {}
     overrides: dict[str, Any] = {}
     i = 0
@@ -88,6 +88,8 @@ def parse_args(argv: Sequence[str]) -> dict[str, Any]:
             else:
                 value = True
                 i += 1
+                if flags is not None:
+                    flags.append(key.replace("-", "_"))
             _set_dotted(overrides, key, value)
         else:
             raise ConfigError(f"unexpected argument {arg!r}: use '@ file.toml' or '--section.key value'")
@@ -97,11 +99,12 @@ def parse_args(argv: Sequence[str]) -> dict[str, Any]:
 def format_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
         shown = "" if isinstance(got, dict) or e["type"] == "missing" else f" (got {got!r})"
-        lines.append(f"  {loc}: {msg}{shown}")
+        # Cross-field validators name their own fields at the start of the message.
+        loc = ".".join(str(p) for p in e["loc"])
+        lines.append(f"  {loc}: {msg}{shown}" if loc else f"  {msg}{shown}")
     return "invalid config:\n" + "\n".join(lines)
 
 
@@ -112,8 +115,26 @@ def validate(model: type[M], data: dict[str, Any]) -> M:
         raise ConfigError(format_validation_error(e)) from None
 
 
+def _check_flags(model: type[BaseModel], flags: list[str]) -> None:
+    """A bare `--key` means true, so it is only valid for a bool field (pydantic would cast it)."""
+    for dotted in flags:
+        node: Any = model
+        for part in dotted.split("."):
+            field = (
+                node.model_fields.get(part)
+                if isinstance(node, type) and issubclass(node, BaseModel)
+                else None
+            )
+            node = field.annotation if field else None
+        if node is not None and node is not bool:
+            raise ConfigError(f"--{dotted} needs a value")
+
+
 def load(model: type[M], argv: Sequence[str]) -> M:
-    return validate(model, parse_args(argv))
+    flags: list[str] = []
+    data = parse_args(argv, flags)
+    _check_flags(model, flags)
+    return validate(model, data)
 
 
 def to_toml(cfg: BaseModel) -> str:

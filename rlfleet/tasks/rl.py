@@ -18,7 +18,7 @@ from rlfleet.errors import is_transient
 from rlfleet.inference.pool import get_pool
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout
-from rlfleet.runs import weights_path
+from rlfleet.runs import newest_weights
 from rlfleet.store import RunStore, step_dir
 from rlfleet.trainer.launch import get_trainer
 from rlfleet.trainer.worker import is_checkpoint_step
@@ -54,7 +54,7 @@ def launch_inference_pool(cfg: RLConfig, gpu_ids: list[str], resume_from: int) -
     """Start (or health-check) the vLLM replicas; a resumed run loads its checkpointed weights."""
     pool = get_pool(cfg.inference_job(gpu_ids))
     if resume_from >= 0 and pool.policy_step != resume_from:
-        return pool.broadcast(resume_from, weights_path(_store(cfg), resume_from))
+        return pool.broadcast(*newest_weights(_store(cfg), resume_from))
     return {"step": pool.policy_step, "replicas": pool.ensure()}
 
 
@@ -101,7 +101,7 @@ def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
 @task(name="broadcast_weights", task_run_name="broadcast_weights-{step}")
 def broadcast_weights(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     pool = get_pool(cfg.inference_job(gpu_ids))
-    return pool.broadcast(step, weights_path(_store(cfg), step))
+    return pool.broadcast(*newest_weights(_store(cfg), step))
 
 
 @task(name="checkpoint", task_run_name="checkpoint-{step}")
