@@ -69,7 +69,8 @@ def newest_weights(store: RunStore, step: int) -> tuple[int, str]:
     snapshot is skipped with a warning naming it, so vLLM never loads a half-written file.
     """
     candidates = sorted(
-        {s for kind in ("weights", "checkpoints") for s in store.complete_steps(kind) if s <= step}, reverse=True
+        {s for kind in ("weights", "checkpoints") for s in store.complete_steps(kind) if s <= step},
+        reverse=True,
     )
     for s in candidates:
         for rel, sub in ((step_dir("weights", s), ""), (step_dir("checkpoints", s), "model")):
