@@ -1,9 +1,13 @@
-"""`rlfleet rl|inference|trainer|model` — every component runs alone from the CLI, as in prime-rl.
+"""`rlfleet rl|sft|eval|inference|trainer|model|runs|deploy` — every component runs alone, as in prime-rl.
 
 rlfleet rl @ examples/tiny/rl.toml --orchestrator.batch-size 32
+rlfleet sft @ examples/tiny/sft.toml --data.batch-size 16
 rlfleet inference @ outputs/tiny/configs/inference.toml
 rlfleet trainer @ outputs/tiny/configs/trainer.toml
+rlfleet eval --output-dir outputs/tiny --model.path models/tiny --checkpoint latest
 rlfleet model tiny --out models/tiny
+rlfleet runs status outputs/tiny
+rlfleet deploy [--pool rlfleet-local]      # work pool + deployments rl/main, sft/main, eval/scheduled, ablation/main
 """
 
 from __future__ import annotations
@@ -27,10 +31,27 @@ def _rl(argv: Sequence[str]) -> int:
     from rlfleet.runs import preflight
 
     cfg = load(RLConfig, argv)
+    if os.environ.get("RLFLEET_S3_CREDENTIALS_BLOCK"):  # S3 credentials from a Prefect block
+        from rlfleet.tasks.storage import load_credentials_block
+
+        load_credentials_block()
     preflight(cfg)  # fail in a second, before Prefect and vLLM take a minute to start
     from rlfleet.flows.rl import rl
 
     summary = rl(config=cfg)
+    print(json.dumps({k: v for k, v in summary.items() if k != "steps"}, indent=2))
+    return 0
+
+
+def _sft(argv: Sequence[str]) -> int:
+    from rlfleet.config.models import SFTConfig
+    from rlfleet.trainer.sft import preflight
+
+    cfg = load(SFTConfig, argv)
+    preflight(cfg)  # fail in a second, before Prefect starts
+    from rlfleet.flows.sft import sft
+
+    summary = sft(config=cfg)
     print(json.dumps({k: v for k, v in summary.items() if k != "steps"}, indent=2))
     return 0
 
@@ -56,11 +77,30 @@ def _inference(argv: Sequence[str]) -> int:
 
 
 def _trainer(argv: Sequence[str]) -> int:
+    """One rank, or (gpu_ids > 1 and not under torchrun yet) re-exec as torchrun over gpu_ids.
+
+    `--bench` runs fake batches through the train step and prints step time, tokens/s, MFU, memory.
+    """
     from rlfleet.config.models import TrainerJobConfig
+
+    args = [a for a in argv if a != "--bench"]
+    if len(args) < len(argv):
+        args += ["--bench.enabled", "true"]
+    cfg = load(TrainerJobConfig, args)
+    if len(cfg.gpu_ids) > 1 and "WORLD_SIZE" not in os.environ:
+        from rlfleet.trainer.launch import torchrun_cmd
+
+        cmd = torchrun_cmd(len(cfg.gpu_ids), ["trainer", *argv])
+        os.execve(cmd[0], cmd, {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(cfg.gpu_ids)})
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if cfg.bench.enabled:
+        from rlfleet.trainer.bench import run_bench
+
+        run_bench(cfg)
+        return 0
     from rlfleet.trainer.worker import run_trainer
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    run_trainer(load(TrainerJobConfig, argv))
+    run_trainer(cfg)
     return 0
 
 
@@ -87,7 +127,41 @@ def _runs(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"rl": _rl, "inference": _inference, "trainer": _trainer, "model": _model, "runs": _runs}
+def _eval(argv: Sequence[str]) -> int:
+    from rlfleet.config.checks import check_model, check_ports, raise_if
+    from rlfleet.config.models import EvalJobConfig
+
+    cfg = load(EvalJobConfig, argv)
+    raise_if(check_model(cfg.model) + check_ports(cfg.inference))
+    from rlfleet.flows.eval import eval_flow
+
+    print(json.dumps(eval_flow(config=cfg), indent=2))
+    return 0
+
+
+def _deploy(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rlfleet deploy")
+    parser.add_argument("--pool", default="rlfleet-local", help="process work pool to create or update")
+    parser.add_argument("--root", default=".", help="the rlfleet checkout workers run flows from")
+    args = parser.parse_args(argv)
+    from pathlib import Path
+
+    from rlfleet.workers.deploy import deploy
+
+    print(deploy(Path(args.root), args.pool))
+    return 0
+
+
+COMMANDS = {
+    "rl": _rl,
+    "sft": _sft,
+    "inference": _inference,
+    "trainer": _trainer,
+    "model": _model,
+    "runs": _runs,
+    "eval": _eval,
+    "deploy": _deploy,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

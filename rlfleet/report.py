@@ -10,30 +10,44 @@ from typing import Any
 from rlfleet.store import RunStore
 
 
-def reward_curve_png(steps: list[dict[str, Any]], title: str) -> bytes:
+def curve_png(
+    xs: list[float],
+    ys: list[float],
+    title: str,
+    ylabel: str,
+    ylim: tuple[float, float] | None = None,
+    legend_loc: str = "best",
+) -> bytes:
+    """A per-step metric as a PNG: the points and, from 5 steps on, their moving mean."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    xs = [s["step"] for s in steps]
-    ys = [s["mean_reward"] for s in steps]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    ax.plot(xs, ys, marker="o", markersize=3, label="mean reward")
+    ax.plot(xs, ys, marker="o", markersize=3, label=ylabel)
     if len(ys) >= 5:
         w = 5
         smooth = [
             sum(ys[max(0, i - w + 1) : i + 1]) / len(ys[max(0, i - w + 1) : i + 1]) for i in range(len(ys))
         ]
         ax.plot(xs, smooth, linewidth=2, label=f"moving mean ({w})")
-    ax.set(xlabel="step", ylabel="mean reward", title=title, ylim=(0, 1.02))
+    ax.set(xlabel="step", ylabel=ylabel, title=title)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc=legend_loc)
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png")
     plt.close(fig)
     return buf.getvalue()
+
+
+def reward_curve_png(steps: list[dict[str, Any]], title: str) -> bytes:
+    xs = [s["step"] for s in steps]
+    ys = [s["mean_reward"] for s in steps]
+    return curve_png(xs, ys, title, "mean reward", ylim=(0, 1.02), legend_loc="lower right")
 
 
 def write_report(
@@ -45,7 +59,7 @@ def write_report(
         "config": config_path,
         "first3_mean_reward": _mean([s["mean_reward"] for s in steps[:3]]),
         "last3_mean_reward": _mean([s["mean_reward"] for s in steps[-3:]]),
-        "reward_curve": store.path("reward_curve.png"),
+        "reward_curve": store.uri("reward_curve.png"),
     }
     store.write_bytes("reward_curve.png", reward_curve_png(steps, title))
     store.write_json("summary.json", summary)

@@ -9,7 +9,7 @@ from rlfleet.config.checks import check_model, check_output_dir, check_ports, ra
 from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.models import RLConfig
 from rlfleet.procs import pid_alive, write_pidfile
-from rlfleet.store import CorruptArtifact, RunStore, step_dir
+from rlfleet.store import CorruptArtifact, RunStore, stage, step_dir
 from rlfleet.trainer.checkpoint import latest_checkpoint
 from rlfleet.workers.placement import assign_gpus
 
@@ -17,7 +17,10 @@ log = logging.getLogger(__name__)
 
 
 def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> dict[str, str]:
-    """Write rl.toml and the trainer / orchestrator / inference sub-configs to `<output_dir>/configs/`."""
+    """Write rl.toml and the trainer / orchestrator / inference sub-configs to `<output_dir>/configs/`.
+
+    A remote store also gets a local copy (`<local_dir>/configs/`) that child processes read.
+    """
     store = RunStore(cfg.output_dir)
     jobs = {
         "rl": cfg,
@@ -28,7 +31,11 @@ def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[s
     paths = {}
     for name, job in jobs.items():
         store.write_text(f"configs/{name}.toml", to_toml(job))
-        paths[name] = store.path(f"configs/{name}.toml")
+        if not store.is_local:
+            local = store.local_dir / "configs" / f"{name}.toml"
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(to_toml(job))
+        paths[name] = store.uri(f"configs/{name}.toml")
     return paths
 
 
@@ -62,11 +69,15 @@ def discard_stale(store: RunStore, start: int) -> list[str]:
     return removed
 
 
+WEIGHTS_CACHED = 2  # staged snapshots a node keeps: the one served and the one replacing it
+
+
 def newest_weights(store: RunStore, step: int) -> tuple[int, str]:
     """(step, local path) of verified weights for `step`, else of the newest verified ones before it.
 
     Weights come from `weights/step_N` or a checkpoint's `model/`; a missing, truncated or corrupt
-    snapshot is skipped with a warning naming it, so vLLM never loads a half-written file.
+    snapshot is skipped with a warning naming it, so vLLM never loads a half-written file. From a
+    remote store they are staged to this node's local cache first (checked against the manifest).
     """
     candidates = sorted(
         {s for kind in ("weights", "checkpoints") for s in store.complete_steps(kind) if s <= step},
@@ -75,14 +86,15 @@ def newest_weights(store: RunStore, step: int) -> tuple[int, str]:
     for s in candidates:
         for rel, sub in ((step_dir("weights", s), ""), (step_dir("checkpoints", s), "model")):
             try:
-                if store.manifest(rel, verify=True) is None:
-                    continue
+                local = stage(store, rel, keep=WEIGHTS_CACHED)
+            except FileNotFoundError:
+                continue
             except CorruptArtifact as e:
                 log.warning("weights in %s are corrupt (%s); trying an older snapshot", rel, e)
                 continue
             if s != step:
                 log.warning("no complete weights for step %d; using step %d's", step, s)
-            return s, store.path(rel, sub) if sub else store.path(rel)
+            return s, str(local / sub) if sub else str(local)
     raise FileNotFoundError(f"no complete weights for step <= {step} in {store.url}")
 
 
@@ -104,10 +116,11 @@ def step_records(store: RunStore) -> list[dict]:
 
 
 def acquire_run_lock(store: RunStore) -> None:
-    """One controller per run: a second one would reap the first one's trainer and servers."""
-    if not store.is_local:
-        return
-    lock = store.local_path("run", "controller.pid")
+    """One controller per run: a second one would reap the first one's trainer and servers.
+
+    For a remote store the lock lives in this machine's cache, so it guards this machine only.
+    """
+    lock = store.local_dir / "run" / "controller.pid"
     owner = pid_alive(lock)
     if owner is not None and owner != os.getpid():
         raise ConfigError(f"output_dir: {store.url} is in use by a running controller (pid {owner})")
@@ -115,8 +128,20 @@ def acquire_run_lock(store: RunStore) -> None:
 
 
 def release_run_lock(store: RunStore) -> None:
-    if store.is_local:
-        store.local_path("run", "controller.pid").unlink(missing_ok=True)
+    (store.local_dir / "run" / "controller.pid").unlink(missing_ok=True)
+
+
+def sync_logs(store: RunStore) -> list[str]:
+    """Copy this machine's process logs of a remote store's run into its `logs/`; local: no-op."""
+    if store.is_local or not (store.local_dir / "logs").is_dir():
+        return []
+    done = []
+    for f in sorted((store.local_dir / "logs").rglob("*")):
+        if f.is_file():
+            rel = f"logs/{f.relative_to(store.local_dir / 'logs').as_posix()}"
+            store.fs.put_file(str(f), store.path(rel))  # one object per log, whole or not at all
+            done.append(rel)
+    return done
 
 
 def status(output_dir: str) -> dict:
@@ -124,8 +149,8 @@ def status(output_dir: str) -> dict:
     store = RunStore(output_dir)
     ckpt = latest_checkpoint(store)
     running = {}
-    if store.is_local and store.exists("run"):
-        for pidfile in sorted(store.local_path("run").glob("*.pid")):
+    if (store.local_dir / "run").is_dir():
+        for pidfile in sorted((store.local_dir / "run").glob("*.pid")):
             pid = pid_alive(pidfile)
             running[pidfile.stem] = pid
     return {

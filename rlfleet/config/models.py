@@ -53,6 +53,18 @@ class OrchestratorConfig(Strict):
     request_timeout_s: float = Field(120.0, gt=0)
 
 
+class EvalConfig(Strict):
+    """An environment's eval split through vLLM: mean reward and pass rate (reward 1.0)."""
+
+    env: Literal["repeat"] = "repeat"
+    num_prompts: int = Field(64, ge=1)
+    samples_per_prompt: int = Field(1, ge=1)
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
+    interval: int = Field(0, ge=0, description="In an RL run: evaluate every k steps; 0 = never.")
+    request_timeout_s: float = Field(120.0, gt=0)
+
+
 class TrainerConfig(Strict):
     lr: float = Field(3e-3, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
@@ -62,9 +74,23 @@ class TrainerConfig(Strict):
     max_grad_norm: float = Field(1.0, gt=0.0)
     checkpoint_interval: int = Field(5, ge=1, description="Checkpoint every k steps (and the last).")
     keep_weights: int = Field(3, ge=1, description="Weight snapshots kept for broadcast.")
+    keep_checkpoints: int = Field(
+        0, ge=0, description="Checkpoints kept (0 = all); the one a resume would use is never deleted."
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch's default.")
     poll_interval_s: float = Field(0.05, gt=0)
+    # GPU scale (rlfleet/trainer/parallel.py); a single CPU process ignores all of these but lm_head_chunk.
+    fsdp: Literal["auto", "on", "off"] = Field("auto", description="auto = FSDP2 on a GPU or >1 rank.")
+    param_dtype: Literal["bfloat16", "float32", "model"] = Field(
+        "bfloat16", description="FSDP2 compute dtype (params stay model.dtype; grads reduce in fp32)."
+    )
+    dp_replicate: int = Field(1, ge=1, description="HSDP replicas (ranks = replicate x shard).")
+    reshard_after_forward: bool = Field(True, description="Free gathered params after forward (ZeRO-3).")
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    optimizer_offload: bool = Field(False, description="FSDP2 CPU offload of params, grads, optim state.")
+    lm_head_chunk: int = Field(0, ge=0, description="Tokens per LM-head chunk for logprobs; 0 = full logits.")
+    compile: bool = Field(False, description="torch.compile each decoder layer and the chunked LM head.")
 
     @field_validator("betas")
     @classmethod
@@ -105,8 +131,21 @@ class _RunBase(Strict):
         return v
 
 
+class BenchConfig(Strict):
+    """`rlfleet trainer --bench`: fake batches through the real train step, no store, no vLLM."""
+
+    enabled: bool = False
+    warmup_steps: int = Field(2, ge=0)
+    steps: int = Field(5, ge=1)
+    seq_len: int = Field(4096, ge=2)
+    micro_batch_size: int = Field(1, ge=1, description="Sequences per micro-batch (per rank).")
+    micro_batches: int = Field(4, ge=1, description="Micro-batches per optimizer step (per rank).")
+    output_json: str | None = None
+
+
 class TrainerJobConfig(_RunBase):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    bench: BenchConfig = Field(default_factory=BenchConfig)
     gpu_ids: list[str] = Field(default_factory=list, description="CUDA devices of the trainer; empty = CPU.")
 
 
@@ -131,6 +170,17 @@ class InferenceJobConfig(Strict):
         return self
 
 
+class EvalJobConfig(Strict):
+    """The `eval` flow: a checkpoint of the run in `output_dir` (or the base model) on its own vLLM."""
+
+    output_dir: str = "outputs/run"
+    seed: int = 0
+    model: ModelConfig
+    checkpoint: Literal["latest", "base"] | int = Field("latest", description="A step, latest, or base model.")
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    inference: InferenceConfig = Field(default_factory=lambda: InferenceConfig(port=8300))
+
+
 class OrchestratorJobConfig(_RunBase):
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
 
@@ -143,6 +193,7 @@ class RLConfig(_RunBase):
     deployment: DeploymentConfig = Field(default_factory=DeploymentConfig)
     tasks: TaskPolicy = Field(default_factory=TaskPolicy)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> RLConfig:
@@ -184,3 +235,35 @@ class RLConfig(_RunBase):
 
     def _base(self) -> dict:
         return dict(output_dir=self.output_dir, seed=self.seed, max_steps=self.max_steps, model=self.model)
+
+
+class SFTDataConfig(Strict):
+    path: str = Field(description="Local .jsonl or .parquet file.")
+    format: Literal["auto", "chat", "prompt_completion"] = Field(
+        "auto",
+        description="auto: `messages` in the first row = chat, `prompt`/`completion` = prompt_completion.",
+    )
+    batch_size: int = Field(32, ge=1, description="Sequences per optimizer step.")
+    micro_batch_size: int = Field(32, ge=1, description="Sequences per forward/backward pass.")
+    max_seq_len: int = Field(512, ge=2, description="Longer sequences are truncated (right).")
+    shuffle: bool = Field(True, description="A fresh permutation per epoch, from the seed.")
+
+    @field_validator("path")
+    @classmethod
+    def _non_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+
+class SFTConfig(_RunBase):
+    """Supervised fine-tuning with the RL trainer's model, optimizer, checkpoints and resume."""
+
+    run_name: str | None = None
+    data: SFTDataConfig
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    tasks: TaskPolicy = Field(default_factory=TaskPolicy)
+
+    @property
+    def name(self) -> str:
+        return self.run_name or Path(self.output_dir).name

@@ -9,12 +9,12 @@ logprobs are those of the distribution actually sampled from (after temperature)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 
 from rlfleet.config.models import InferenceJobConfig
 from rlfleet.procs import ManagedProcess, python_module_cmd, wait_until
+from rlfleet.store import local_dir
 
 SERVED_NAME = "policy"
 
@@ -80,7 +80,7 @@ def healthy(url: str) -> bool:
 def launch_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> list[Replica]:
     """Start every replica, then wait for all of them; a replica that exits fails fast with its log."""
     i = cfg.inference
-    out = Path(cfg.output_dir)
+    out = local_dir(cfg.output_dir)  # logs and pidfiles stay on this machine
     replicas = []
     for r in range(i.num_replicas):
         port = i.port + r

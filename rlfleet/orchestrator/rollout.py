@@ -56,7 +56,9 @@ def run_rollout(
     tok = load_tokenizer(model_path)
     prompts = env.prompts(step, cfg.batch_size, seed)
     ids = [prompt_ids(tok, p, env.chat) for p in prompts]
-    groups = sample_with_healing(healthy_urls, ids, cfg)
+    groups = sample_with_healing(
+        healthy_urls, ids, cfg.group_size, cfg.max_tokens, cfg.temperature, cfg.request_timeout_s
+    )
     num_replicas = len(healthy_urls())
     shards: dict[int, list[str]] = {}
     rewards = []
@@ -90,7 +92,13 @@ def run_rollout(
 
 
 def sample_with_healing(
-    healthy_urls: Callable[[], list[str]], ids: list[list[int]], cfg: OrchestratorConfig, attempts: int = 3
+    healthy_urls: Callable[[], list[str]],
+    ids: list[list[int]],
+    n: int,
+    max_tokens: int,
+    temperature: float,
+    timeout_s: float,
+    attempts: int = 3,
 ) -> list[list[Sample]]:
     """Sample every prompt; requests that failed (a replica died) are re-sent, and only those,
     after `healthy_urls()` has relaunched what was dead."""
@@ -99,14 +107,7 @@ def sample_with_healing(
     for attempt in range(attempts):
         urls = healthy_urls()
         results = asyncio.run(
-            sample_groups(
-                urls,
-                [ids[i] for i in pending],
-                cfg.group_size,
-                cfg.max_tokens,
-                cfg.temperature,
-                cfg.request_timeout_s,
-            )
+            sample_groups(urls, [ids[i] for i in pending], n, max_tokens, temperature, timeout_s)
         )
         failed = []
         for i, result in zip(pending, results, strict=True):

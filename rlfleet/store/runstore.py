@@ -3,8 +3,13 @@
 A directory artifact (`rollouts/step_3`, `weights/step_3`, ...) is complete only when its
 `manifest.json` exists and every file it lists has the recorded size and sha256. On a local
 filesystem the directory is built under a temp name and renamed into place; on object storage
-the files are uploaded first and the manifest written last, so readers never trust a partial
-upload.
+the files are uploaded first (large ones as multipart uploads, which S3 shows only once
+completed) and the manifest written last, so readers never trust a partial upload.
+
+Remote stores take their endpoint, credentials and region from the usual AWS environment
+variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...), never from the URL or a config file, so
+nothing secret lands in resolved configs or logs. Their listings are not cached: other processes
+(the trainer, the controller) publish into the same prefix and must be seen at once.
 """
 
 from __future__ import annotations
@@ -46,15 +51,45 @@ def file_entries(local_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def cache_root(url: str) -> Path:
+    """The local directory of a remote store: logs, pidfiles, configs, staged weights.
+
+    `$RLFLEET_CACHE_DIR/<hash of the url>/`, default `~/.cache/rlfleet/...`; vLLM and the trainer's
+    `from_pretrained` read from here, never from the object store.
+    """
+    base = os.environ.get("RLFLEET_CACHE_DIR") or Path.home() / ".cache" / "rlfleet"
+    return Path(base) / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def local_dir(url: str | Path) -> Path:
+    """Where a run's local-only files live: the output_dir itself, or the cache of a remote store."""
+    store = RunStore(url)
+    return Path(store.root) if store.is_local else cache_root(store.url)
+
+
 class RunStore:
-    def __init__(self, url: str | Path):
+    def __init__(self, url: str | Path, part_size: int | None = None):
+        """part_size: bytes per multipart-upload part on S3 (s3fs's default, 50 MiB, when None)."""
         self.url = str(url).rstrip("/")
-        self.fs, root = fsspec.core.url_to_fs(self.url)
+        protocol = fsspec.core.split_protocol(self.url)[0]
+        remote = protocol not in (None, "file", "local")
+        opts = {"use_listings_cache": False} if remote else {}
+        self.fs, root = fsspec.core.url_to_fs(self.url, **opts)
         self.root = root.rstrip("/")
         self.is_local = isinstance(self.fs, LocalFileSystem)
+        self._put_opts = {"chunksize": part_size} if part_size and protocol in ("s3", "s3a") else {}
 
     def path(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
+
+    def uri(self, *parts: str) -> str:
+        """A path a person (or another fsspec client) can open: with its protocol when remote."""
+        p = self.path(*parts)
+        return p if self.is_local else self.fs.unstrip_protocol(p)
+
+    @property
+    def local_dir(self) -> Path:
+        return Path(self.root) if self.is_local else cache_root(self.url)
 
     def local_path(self, *parts: str) -> Path:
         if not self.is_local:
@@ -122,8 +157,9 @@ class RunStore:
         else:
             if self.fs.exists(self.path(rel)):
                 self.remove(rel)
-            for name in manifest["files"]:
-                self.fs.put_file(str(src / name), self.path(rel, name))
+            # Concurrent, streamed uploads (multipart for large files, which S3 shows only once complete).
+            names = list(manifest["files"])
+            self.fs.put([str(src / n) for n in names], [self.path(rel, n) for n in names], **self._put_opts)
             self.write_json(f"{rel}/{MANIFEST}", manifest)
             shutil.rmtree(src, ignore_errors=True)
         return manifest
@@ -137,13 +173,20 @@ class RunStore:
             manifest = self.read_json(mpath)
         except (json.JSONDecodeError, OSError) as e:
             raise CorruptArtifact(f"{rel}: unreadable manifest: {e}") from e
+        sizes = self.sizes(rel) if manifest.get("files") else {}
         for name, entry in manifest.get("files", {}).items():
-            p = self.path(rel, name)
-            if not self.fs.exists(p) or self.fs.size(p) != entry["size"]:
+            if sizes.get(name) != entry["size"]:
                 raise CorruptArtifact(f"{rel}/{name}: missing or wrong size")
-            if verify and self._sha256(p) != entry["sha256"]:
+            if verify and self._sha256(self.path(rel, name)) != entry["sha256"]:
                 raise CorruptArtifact(f"{rel}/{name}: checksum mismatch")
         return manifest
+
+    def sizes(self, rel: str) -> dict[str, int]:
+        """{relative name: size} of every file under `rel`, in one listing (one LIST call on S3)."""
+        base = self.path(rel)
+        found = self.fs.find(base, detail=True)
+        prefix = self.fs._strip_protocol(base).rstrip("/") + "/"
+        return {p[len(prefix) :]: info["size"] for p, info in found.items() if p.startswith(prefix)}
 
     def _sha256(self, path: str) -> str:
         if self.is_local:
@@ -157,6 +200,8 @@ class RunStore:
     def complete_steps(self, kind: str) -> list[int]:
         """Steps N for which `<kind>/step_N` has a manifest (not verified)."""
         base = self.path(kind)
+        if not self.is_local:  # one listing instead of a request per step
+            return sorted({s for s in map(_manifest_step, self.sizes(kind)) if s is not None})
         if not self.fs.exists(base):
             return []
         steps = []
@@ -165,6 +210,13 @@ class RunStore:
             if name.startswith("step_") and name[5:].isdigit() and self.fs.exists(f"{entry}/{MANIFEST}"):
                 steps.append(int(name[5:]))
         return sorted(steps)
+
+    def step_dirs(self, kind: str) -> list[int]:
+        """Every `<kind>/step_N` that exists, complete or not (e.g. the leftovers of a cut upload)."""
+        if not self.fs.exists(self.path(kind)):
+            return []
+        names = (e.rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(self.path(kind), detail=False))
+        return sorted(int(n[5:]) for n in names if n.startswith("step_") and n[5:].isdigit())
 
     def remove(self, rel: str) -> None:
         p = self.path(rel)
@@ -175,9 +227,18 @@ class RunStore:
             os.replace(p, trash)  # the manifest disappears with the rename, atomically
             shutil.rmtree(trash, ignore_errors=True)
         else:
-            self.fs.rm(self.path(rel, MANIFEST))
+            if self.fs.exists(self.path(rel, MANIFEST)):  # first: the artifact stops being complete
+                self.fs.rm(self.path(rel, MANIFEST))
             self.fs.rm(p, recursive=True)
 
 
 def step_dir(kind: str, step: int) -> str:
     return f"{kind}/step_{step}"
+
+
+def _manifest_step(name: str) -> int | None:
+    """N for `step_N/manifest.json`, else None."""
+    head, _, tail = name.partition("/")
+    if tail == MANIFEST and head.startswith("step_") and head[5:].isdigit():
+        return int(head[5:])
+    return None

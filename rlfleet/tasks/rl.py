@@ -2,16 +2,21 @@
 
 Every task is idempotent at the store level: if its artifact for (run, step) is already
 published it returns that manifest instead of redoing the work, so Prefect retries and reruns
-resume at the first unfinished piece.
+resume at the first unfinished piece. Within one flow run the Prefect cache mirrors the store
+(`step_key`), so a flow run retried from the UI shows finished tasks as `Cached` and re-executes
+only the failed and later ones. Tasks that act on processes (launching the pool, broadcasting
+weights) are never cached: the processes die with the controller.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.context import TaskRunContext
 from prefect.tasks import exponential_backoff
+from prefect.utilities.hashing import hash_objects
 
 from rlfleet.config.models import RLConfig
 from rlfleet.errors import is_transient
@@ -20,6 +25,7 @@ from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout
 from rlfleet.runs import newest_weights
 from rlfleet.store import RunStore, step_dir
+from rlfleet.tasks.storage import result_storage
 from rlfleet.trainer.launch import get_trainer
 from rlfleet.trainer.worker import is_checkpoint_step
 
@@ -31,13 +37,22 @@ def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
 
 
 def policy(cfg: RLConfig, timeout_s: float | None = None) -> dict[str, Any]:
-    """Retries with exponential backoff, transient-only, and a timeout, for every task of the run."""
+    """Retries with exponential backoff, transient-only, and a timeout, for every task of the run;
+    results persist in the run store (`prefect/results/`) so cache hits survive the controller."""
     return dict(
         retries=cfg.tasks.retries,
         retry_delay_seconds=exponential_backoff(cfg.tasks.retry_delay_s),
         retry_condition_fn=retry_if_transient,
         timeout_seconds=timeout_s or cfg.tasks.step_timeout_s,
+        persist_result=True,
+        result_storage=result_storage(_store(cfg)),
     )
+
+
+def step_key(ctx: TaskRunContext, inputs: dict[str, Any]) -> str:
+    """Cache key: (flow run, task, step). A retried flow run finds what its first attempt finished;
+    the flow refreshes the steps whose artifacts a resume discarded (`refresh_cache`)."""
+    return hash_objects(str(ctx.task_run.flow_run_id), ctx.task.name, inputs["step"])
 
 
 def brief(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -49,7 +64,7 @@ def _store(cfg: RLConfig) -> RunStore:
     return RunStore(cfg.output_dir)
 
 
-@task(name="launch_inference_pool", task_run_name="launch_inference_pool")
+@task(name="launch_inference_pool", task_run_name="launch_inference_pool", cache_policy=NO_CACHE)
 def launch_inference_pool(cfg: RLConfig, gpu_ids: list[str], resume_from: int) -> dict[str, Any]:
     """Start (or health-check) the vLLM replicas; a resumed run loads its checkpointed weights."""
     pool = get_pool(cfg.inference_job(gpu_ids))
@@ -58,7 +73,7 @@ def launch_inference_pool(cfg: RLConfig, gpu_ids: list[str], resume_from: int) -
     return {"step": pool.policy_step, "replicas": pool.ensure()}
 
 
-@task(name="rollout", task_run_name="rollout-{step}")
+@task(name="rollout", task_run_name="rollout-{step}", cache_key_fn=step_key)
 def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     store = _store(cfg)
     existing = store.manifest(step_dir("rollouts", step))
@@ -70,7 +85,7 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     )
 
 
-@task(name="aggregate", task_run_name="aggregate-{step}")
+@task(name="aggregate", task_run_name="aggregate-{step}", cache_key_fn=step_key)
 def aggregate(cfg: RLConfig, step: int, num_ranks: int = 1) -> dict[str, Any]:
     store = _store(cfg)
     if (existing := store.manifest(step_dir("batches", step))) is not None:
@@ -89,22 +104,22 @@ def aggregate(cfg: RLConfig, step: int, num_ranks: int = 1) -> dict[str, Any]:
     )
 
 
-@task(name="train", task_run_name="train-{step}")
+@task(name="train", task_run_name="train-{step}", cache_key_fn=step_key)
 def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     """Make sure the long-lived trainer runs, then wait for it to finish step N (or die)."""
     store = _store(cfg)
-    trainer = get_trainer(cfg.trainer_job(gpu_ids), Path(store.path("configs", "trainer.toml")))
+    trainer = get_trainer(cfg.trainer_job(gpu_ids), store.local_dir / "configs" / "trainer.toml")
     trainer.ensure()
     return trainer.wait_step(store, step, cfg.tasks.step_timeout_s)
 
 
-@task(name="broadcast_weights", task_run_name="broadcast_weights-{step}")
+@task(name="broadcast_weights", task_run_name="broadcast_weights-{step}", cache_policy=NO_CACHE)
 def broadcast_weights(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     pool = get_pool(cfg.inference_job(gpu_ids))
     return pool.broadcast(*newest_weights(_store(cfg), step))
 
 
-@task(name="checkpoint", task_run_name="checkpoint-{step}")
+@task(name="checkpoint", task_run_name="checkpoint-{step}", cache_key_fn=step_key)
 def checkpoint(cfg: RLConfig, step: int) -> dict[str, Any] | None:
     """Verify the trainer's checkpoint for a checkpoint step; None on other steps."""
     if not is_checkpoint_step(step, cfg.trainer.checkpoint_interval, cfg.max_steps):

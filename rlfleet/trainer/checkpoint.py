@@ -5,6 +5,11 @@ the orchestrator cursor that came with batch N, so a resumed run continues with 
 it would have seen. `weights/step_N/`: an HF model directory vLLM reloads from.
 Both are built in a staging dir and published with a manifest, so a crash mid-write leaves the
 previous checkpoint as the latest complete one.
+
+Under FSDP2 (`par.enabled`) the trainer state is a torch.distributed.checkpoint (`dcp/`): every rank
+writes its own shards, and a later load reshards to whatever GPU count resumes it. The HF export
+(`model/`, `weights/step_N`) is gathered tensor by tensor onto rank 0's CPU, so no rank ever
+holds a full copy on its GPU and the other ranks hold none at all.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import torch
 from transformers import PreTrainedModel
 
 from rlfleet.store import CorruptArtifact, RunStore, step_dir
+from rlfleet.store import stage as stage_locally
+from rlfleet.trainer.parallel import Parallel
 
 log = logging.getLogger("rlfleet.checkpoint")
 
@@ -31,41 +38,159 @@ TOKENIZER_FILES = (
 )
 
 
-def _save_model(model: PreTrainedModel, out: Path, tokenizer_dir: str | None) -> None:
-    model.save_pretrained(out, safe_serialization=True)
-    if tokenizer_dir:
+def _hf_model(model: torch.nn.Module) -> PreTrainedModel:
+    return getattr(model, "lm", model)  # a trainer Policy wraps the HF model
+
+
+def _save_model(
+    model: torch.nn.Module, out: Path, tokenizer_dir: str | None, par: Parallel | None = None
+) -> None:
+    if par is not None and par.enabled:
+        _save_sharded_as_hf(model, out, par)
+    else:
+        _hf_model(model).save_pretrained(out, safe_serialization=True)
+    if tokenizer_dir and (par is None or par.is_main):
         for name in TOKENIZER_FILES:
             src = Path(tokenizer_dir) / name
             if src.is_file():
                 shutil.copy2(src, out / name)
 
 
-def publish_weights(store: RunStore, step: int, model: PreTrainedModel, tokenizer_dir: str) -> dict[str, Any]:
+def _save_sharded_as_hf(model: torch.nn.Module, out: Path, par: Parallel) -> None:
+    """Safetensors + config from FSDP2 shards: full tensors are gathered onto rank 0's CPU only."""
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    lm = _hf_model(model)
+    sd = get_model_state_dict(lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not par.is_main:
+        return
+    if getattr(lm.config, "tie_word_embeddings", False):
+        sd.pop("lm_head.weight", None)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.contiguous() for k, v in sd.items()}, str(out / "model.safetensors"), metadata={"format": "pt"}
+    )
+    lm.config.save_pretrained(out)
+    if lm.generation_config is not None:
+        lm.generation_config.save_pretrained(out)
+
+
+def _stage(store: RunStore, rel: str, par: Parallel | None) -> Path:
+    """One staging dir for all ranks (rank 0 makes it); shared with the others through the group."""
+    if par is None or not par.enabled:
+        return store.staging_dir(rel)
+    return Path(par.broadcast(str(store.staging_dir(rel)) if par.is_main else None))
+
+
+def _publish(
+    store: RunStore, stage: Path, rel: str, meta: dict[str, Any], par: Parallel | None
+) -> dict[str, Any]:
+    if par is None or not par.enabled:
+        return store.publish_dir(stage, rel, meta)
+    par.barrier()  # every rank's files are in
+    manifest = par.broadcast(store.publish_dir(stage, rel, meta) if par.is_main else None)
+    return manifest
+
+
+def publish_weights(
+    store: RunStore, step: int, model: torch.nn.Module, tokenizer_dir: str, par: Parallel | None = None
+) -> dict[str, Any]:
     rel = step_dir("weights", step)
-    stage = store.staging_dir(rel)
-    _save_model(model, stage, tokenizer_dir)
-    return store.publish_dir(stage, rel, {"step": step})
+    stage = _stage(store, rel, par)
+    _save_model(model, stage, tokenizer_dir, par)
+    return _publish(store, stage, rel, {"step": step}, par)
 
 
-def prune_weights(store: RunStore, keep: int) -> None:
-    steps = store.complete_steps("weights")
-    for s in steps[: max(len(steps) - keep, 0)]:
-        store.remove(step_dir("weights", s))
+def prune_weights(store: RunStore, keep: int) -> list[int]:
+    """Keep the newest `keep` complete weight snapshots; called after a newer one is published."""
+    return _prune(store, "weights", keep, protect=None)
+
+
+def prune_checkpoints(store: RunStore, keep: int) -> list[int]:
+    """Keep the newest `keep` complete checkpoints (0 = all), and always the one a resume would use.
+
+    The resume checkpoint is the newest that verifies; if the newest ones are corrupt it is older
+    than the `keep` newest and survives anyway.
+    """
+    if keep <= 0:
+        return []
+    steps = store.complete_steps("checkpoints")
+    if len(steps) <= keep:
+        return _prune(store, "checkpoints", keep, protect=None)
+    resume = latest_checkpoint(store)
+    return _prune(store, "checkpoints", keep, protect=None if resume is None else resume["step"])
+
+
+def _prune(store: RunStore, kind: str, keep: int, protect: int | None) -> list[int]:
+    """Remove complete `kind` steps older than the newest `keep`, except `protect`, plus leftovers of
+    cut uploads (no manifest) older than the oldest kept: the trainer never writes those again."""
+    steps = store.complete_steps(kind)
+    kept = steps[-keep:] if keep > 0 else steps
+    if not kept:
+        return []
+    gone = [s for s in steps if s not in kept and s != protect]
+    gone += [s for s in store.step_dirs(kind) if s < kept[0] and s not in steps]
+    for s in gone:
+        store.remove(step_dir(kind, s))
+    return sorted(gone)
 
 
 def save_checkpoint(
     store: RunStore,
     step: int,
-    model: PreTrainedModel,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     cursor: dict[str, Any],
     tokenizer_dir: str,
+    par: Parallel | None = None,
 ) -> dict[str, Any]:
     rel = step_dir("checkpoints", step)
-    stage = store.staging_dir(rel)
-    _save_model(model, stage / "model", tokenizer_dir)
-    torch.save(optimizer.state_dict(), stage / "optimizer.pt")
-    return store.publish_dir(stage, rel, {"step": step, "cursor": cursor})
+    stage = _stage(store, rel, par)
+    _save_model(model, stage / "model", tokenizer_dir, par)
+    if par is not None and par.enabled:
+        save_dcp(model, optimizer, stage / "dcp")
+    else:
+        torch.save(optimizer.state_dict(), stage / "optimizer.pt")
+    return _publish(store, stage, rel, {"step": step, "cursor": cursor}, par)
+
+
+def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(_hf_model(model), optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def save_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Model and optimizer state keyed by parameter name (not index), so any sharding can load it."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_dcp_state(model, optimizer), checkpoint_id=str(path))
+
+
+def load_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+    """Load a `dcp/` checkpoint into this process's sharding (any world size, or no process group)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = _dcp_state(model, optimizer)
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(
+        _hf_model(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+
+
+def load_trainer_state(
+    store: RunStore, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> None:
+    """Optimizer (and, for DCP, model) state of checkpoint `step`, whichever format it was saved in."""
+    rel = step_dir("checkpoints", step)
+    if store.exists(f"{rel}/optimizer.pt"):
+        load_optimizer_state(store, step, optimizer, device)
+        return
+    local = store.local_path(rel) if store.is_local else stage_locally(store, rel, keep=1)  # verified copy
+    load_dcp(model, optimizer, str(local / "dcp"))
 
 
 def latest_checkpoint(store: RunStore) -> dict[str, Any] | None:
@@ -82,13 +207,10 @@ def latest_checkpoint(store: RunStore) -> dict[str, Any] | None:
 
 
 def checkpoint_model_path(store: RunStore, step: int) -> str:
-    """A path `from_pretrained` can read; remote checkpoints are copied to a local cache first."""
-    rel = f"{step_dir('checkpoints', step)}/model"
+    """A path `from_pretrained` can read; a remote checkpoint is staged (verified) to the local cache."""
     if store.is_local:
-        return str(store.local_path(rel))
-    local = Path(store.staging_dir(rel))
-    store.fs.get(store.path(rel) + "/", str(local), recursive=True)
-    return str(local)
+        return str(store.local_path(step_dir("checkpoints", step), "model"))
+    return str(stage_locally(store, step_dir("checkpoints", step), keep=1) / "model")
 
 
 def load_optimizer_state(

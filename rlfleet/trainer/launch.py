@@ -9,8 +9,24 @@ from typing import Any
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import DeterministicError, TransientError
 from rlfleet.procs import ManagedProcess, python_module_cmd
-from rlfleet.store import RunStore
+from rlfleet.store import RunStore, local_dir
 from rlfleet.trainer.worker import read_trainer_error
+
+
+def torchrun_cmd(nproc: int, cli_args: list[str]) -> list[str]:
+    """`torchrun --standalone` on this node, one rank per GPU; rank 0's output goes to our log."""
+    import sys
+
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "rlfleet.cli",
+        *cli_args,
+    ]
 
 
 class TrainerDied(TransientError):
@@ -28,12 +44,14 @@ class TrainerProcess:
         """Start the trainer if it is not running; a fresh one resumes from the latest checkpoint."""
         if self.process is not None and self.process.alive():
             return
-        out = Path(self.cfg.output_dir)
+        out = local_dir(self.cfg.output_dir)  # logs and pidfiles stay on this machine
         env = {"CUDA_VISIBLE_DEVICES": ",".join(self.cfg.gpu_ids)} if self.cfg.gpu_ids else {}
         self.launches += 1
+        args = ["trainer", "@", str(self.config_path)]
+        n = len(self.cfg.gpu_ids)
         self.process = ManagedProcess(
             name="trainer",
-            cmd=python_module_cmd("rlfleet.cli", ["trainer", "@", str(self.config_path)]),
+            cmd=torchrun_cmd(n, args) if n > 1 else python_module_cmd("rlfleet.cli", args),
             log_path=out / "logs" / "trainer" / "rank_0.log",
             pidfile=out / "run" / "trainer.pid",
             env={**env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},

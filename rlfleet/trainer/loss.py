@@ -52,3 +52,12 @@ def grpo_loss(
             "mismatch_kl_sum": float(((ratio - 1.0 - log_ratio) * mask).sum()),
         }
     return loss, stats
+
+
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Negative log-likelihood summed over masked tokens / `num_tokens` (loss tokens in the step).
+
+    Dividing by the step's token count, not the micro-batch's, makes accumulated micro-batches give
+    the token-mean NLL of the whole step, whatever their sizes.
+    """
+    return -(logprobs * mask.to(logprobs.dtype)).sum() / max(num_tokens, 1)

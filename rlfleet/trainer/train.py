@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -9,7 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from rlfleet.config.models import TrainerConfig
+from rlfleet.trainer.lm_head import chunked_logprobs
 from rlfleet.trainer.loss import grpo_loss, token_logprobs
+from rlfleet.trainer.parallel import Parallel, set_gradient_sync
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -27,51 +30,124 @@ def load_model(path: str, dtype: str, device: torch.device) -> PreTrainedModel:
     return model.to(device).train()
 
 
+class Policy(torch.nn.Module):
+    """The HF causal LM and how logprobs leave it: full logits, or the chunked LM head.
+
+    It is the root of the FSDP2 tree, so calling it is what gathers the embeddings, final norm
+    and LM head; `lm` stays a plain HF model for `save_pretrained` and for other callers.
+    """
+
+    def __init__(self, lm: PreTrainedModel, lm_head_chunk: int = 0):
+        super().__init__()
+        self.lm = lm
+        self.lm_head_chunk = lm_head_chunk
+
+    def forward(
+        self, input_ids: torch.Tensor, temperature: float = 1.0, position_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logprob, entropy or None) of each next token: [B, T-1] float32.
+
+        use_cache=False: a KV cache in training only costs memory, and breaks activation
+        checkpointing (the recompute would append to it again)."""
+        targets = input_ids[:, 1:]
+        if self.lm_head_chunk == 0:
+            logits = self.lm(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[:, :-1]
+            return token_logprobs(logits, targets, temperature), None
+        hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        hidden = hidden.last_hidden_state[:, :-1]
+        return chunked_logprobs(hidden, self.lm.lm_head.weight, targets, self.lm_head_chunk, temperature)
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    on_gpu = next(model.parameters()).is_cuda
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.lr,
+        betas=cfg.betas,
+        weight_decay=cfg.weight_decay,
+        fused=True if on_gpu else None,
+    )
+
+
+def shard_micro_batches(
+    micro_batches: list[dict[str, torch.Tensor]], par: Parallel | None
+) -> list[dict[str, torch.Tensor]]:
+    """This rank's share (round robin). Every rank runs the same count, so FSDP's collectives pair
+    up: a rank that comes up short repeats a micro-batch with its loss mask zeroed."""
+    if par is None or par.world == 1:
+        return micro_batches
+    mine = micro_batches[par.rank :: par.world]
+    need = math.ceil(len(micro_batches) / par.world)
+    while len(mine) < need:
+        pad = dict(micro_batches[0])
+        pad["loss_mask"] = torch.zeros_like(pad["loss_mask"])
+        mine.append(pad)
+    return mine
+
+
+def _grad_norm(total: torch.Tensor) -> float:
+    full = getattr(total, "full_tensor", None)
+    return float(full() if full is not None else total)
 
 
 def train_step(
-    model: PreTrainedModel,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     micro_batches: list[dict[str, torch.Tensor]],
     num_loss_tokens: int,
     cfg: TrainerConfig,
     temperature: float = 1.0,
+    par: Parallel | None = None,
 ) -> dict[str, Any]:
-    """Accumulate the token-normalized loss over all micro-batches, clip, one AdamW step."""
-    device = next(model.parameters()).device
+    """Accumulate the token-normalized loss over all micro-batches, clip, one AdamW step.
+
+    `model` is a Policy (or a bare HF model, wrapped on the fly). With several ranks each runs its
+    share of the micro-batches; FSDP averages gradients over ranks, so the loss is scaled by the
+    world size to keep the step's gradient the sum over all loss tokens / num_loss_tokens.
+    """
+    policy = model if isinstance(model, Policy) else Policy(model)
+    device = next(policy.parameters()).device if par is None else par.device
+    world = 1 if par is None or not par.enabled else par.world
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    totals = {"loss": 0.0, "clipped_tokens": 0.0, "ratio_sum": 0.0, "mismatch_kl_sum": 0.0}
-    for mb in micro_batches:
-        mb = {k: v.to(device) for k, v in mb.items()}
-        input_ids = mb["input_ids"]
+    keys = ("loss", "clipped_tokens", "ratio_sum", "mismatch_kl_sum", "entropy_sum")
+    totals = dict.fromkeys(keys, 0.0)
+    mine = shard_micro_batches(micro_batches, par)
+    for i, mb in enumerate(mine):
+        mb = {k: v.to(device, non_blocking=True) for k, v in mb.items()}
+        set_gradient_sync(policy, i == len(mine) - 1)
         # Padding sits only at the right end, so causal attention never looks at it: no mask needed.
-        logits = model(input_ids=input_ids).logits[:, :-1]
-        logprobs = token_logprobs(logits, input_ids[:, 1:], temperature)
+        logprobs, entropy = policy(mb["input_ids"], temperature, mb.get("position_ids"))
+        mask = mb["loss_mask"][:, 1:]
         loss, stats = grpo_loss(
             logprobs,
             mb["old_logprobs"][:, 1:],
             mb["advantages"],
-            mb["loss_mask"][:, 1:],
+            mask,
             num_loss_tokens,
             cfg.clip_low,
             cfg.clip_high,
         )
-        loss.backward()
+        (loss * world if world > 1 else loss).backward()
         totals["loss"] += float(loss.detach())
         for k, v in stats.items():
             totals[k] += v
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        if entropy is not None:
+            totals["entropy_sum"] += float((entropy * mask).sum())
+    if par is not None:
+        totals = dict(zip(keys, par.sum([totals[k] for k in keys]), strict=True))
+    grad_norm = _grad_norm(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))
     optimizer.step()
     n = max(num_loss_tokens, 1)
-    return {
+    metrics = {
         "loss": totals["loss"],
-        "grad_norm": float(grad_norm),
+        "grad_norm": grad_norm,
         "clip_frac": totals["clipped_tokens"] / n,
         "ratio_mean": totals["ratio_sum"] / n,
         "mismatch_kl": totals["mismatch_kl_sum"] / n,
         "num_loss_tokens": num_loss_tokens,
         "train_seconds": time.perf_counter() - start,
     }
+    if cfg.lm_head_chunk:
+        metrics["entropy"] = totals["entropy_sum"] / n
+    return metrics

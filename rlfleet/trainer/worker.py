@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import is_transient
@@ -23,12 +24,14 @@ from rlfleet.store import RunStore, step_dir
 from rlfleet.trainer.checkpoint import (
     checkpoint_model_path,
     latest_checkpoint,
-    load_optimizer_state,
+    load_trainer_state,
+    prune_checkpoints,
     prune_weights,
     publish_weights,
     save_checkpoint,
 )
-from rlfleet.trainer.train import load_model, make_optimizer, pick_device, train_step
+from rlfleet.trainer.parallel import Parallel, parallelize, setup, teardown
+from rlfleet.trainer.train import DTYPES, Policy, load_model, make_optimizer, pick_device, train_step
 
 log = logging.getLogger("rlfleet.trainer")
 
@@ -72,41 +75,67 @@ def record_trainer_error(store: RunStore, step: int, exc: BaseException) -> None
     )
 
 
-def run_trainer(cfg: TrainerJobConfig) -> None:
+def build(
+    cfg: TrainerJobConfig, path: str, random_init: bool = False
+) -> tuple[Parallel, Policy, torch.optim.Optimizer]:
+    """Process group, model (checkpointed, compiled, sharded as configured) and optimizer.
+
+    random_init (the bench): a directory with only config.json gives a seeded random-init model.
+    """
     tc = cfg.trainer
-    store = RunStore(cfg.output_dir)
-    device = pick_device(tc.device)
+    par = setup(tc, pick_device(tc.device))
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
     torch.manual_seed(cfg.seed)
+    # Sharded: load on CPU; fully_shard moves each rank's shard to its GPU (or keeps it on CPU: offload).
+    device = torch.device("cpu") if par.enabled else par.device
+    if random_init and not any(Path(path).glob("*.safetensors")):
+        lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=DTYPES[cfg.model.dtype])
+        lm = lm.to(device).train()
+    else:
+        lm = load_model(path, cfg.model.dtype, device)
+    policy = Policy(lm)
+    policy.lm_head_chunk = tc.lm_head_chunk
+    parallelize(policy, par, tc)
+    return par, policy, make_optimizer(policy, tc)
 
+
+def run_trainer(cfg: TrainerJobConfig) -> None:
+    store = RunStore(cfg.output_dir)
     ckpt = latest_checkpoint(store)
     start = 0 if ckpt is None else ckpt["step"] + 1
-    model = load_model(
-        cfg.model.path if ckpt is None else checkpoint_model_path(store, ckpt["step"]),
-        cfg.model.dtype,
-        device,
+    par, model, optimizer = build(
+        cfg, cfg.model.path if ckpt is None else checkpoint_model_path(store, ckpt["step"])
     )
-    optimizer = make_optimizer(model, tc)
     if ckpt is not None:
-        load_optimizer_state(store, ckpt["step"], optimizer, device)
-    log.info("trainer on %s, starting at step %d (checkpoint: %s)", device, start, ckpt and ckpt["step"])
+        load_trainer_state(store, ckpt["step"], model, optimizer, par.device)
+    log.info(
+        "trainer rank %d/%d on %s, starting at step %d (checkpoint: %s)",
+        par.rank,
+        par.world,
+        par.device,
+        start,
+        ckpt and ckpt["step"],
+    )
 
     step = start
     try:
         for step in range(start, cfg.max_steps):
-            _train_one(store, cfg, step, model, optimizer)
+            _train_one(store, cfg, step, model, optimizer, par)
     except BaseException as e:
         record_trainer_error(store, step, e)
         raise
+    finally:
+        teardown(par)
 
 
 def _train_one(
     store: RunStore,
     cfg: TrainerJobConfig,
     step: int,
-    model: PreTrainedModel,
+    model: Policy,
     optimizer: torch.optim.Optimizer,
+    par: Parallel,
 ) -> None:
     tc = cfg.trainer
     wait_for_batch(store, step, tc.poll_interval_s)
@@ -119,11 +148,16 @@ def _train_one(
         batch_manifest["num_loss_tokens"],
         tc,
         batch_manifest.get("temperature", 1.0),
+        par,
     )
-    publish_weights(store, step, model, cfg.model.path)
+    publish_weights(store, step, model, cfg.model.path, par)
     if is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
-        save_checkpoint(store, step, model, optimizer, batch_manifest["cursor"], cfg.model.path)
+        save_checkpoint(store, step, model, optimizer, batch_manifest["cursor"], cfg.model.path, par)
+    if not par.is_main:
+        return
     prune_weights(store, tc.keep_weights)
+    if is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
+        prune_checkpoints(store, tc.keep_checkpoints)
     metrics.update(
         step=step, reward_mean=batch_manifest["reward_mean"], step_seconds=time.perf_counter() - t0
     )

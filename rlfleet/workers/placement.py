@@ -18,20 +18,20 @@ def visible_gpus() -> list[str]:
 
 
 def assign_gpus(d: DeploymentConfig, visible: list[str] | None = None) -> tuple[list[str], list[str]]:
-    """(inference GPU ids, trainer GPU ids). One visible GPU may be shared by both (one-GPU mode)."""
+    """(inference GPU ids, trainer GPU ids). One visible GPU may be shared by both (one-GPU mode).
+
+    More than one trainer GPU runs the trainer under torchrun, one FSDP2 rank per GPU.
+    """
     ni, nt = d.num_inference_gpus, d.num_train_gpus
     if ni == 0 and nt == 0:
         return [], []
     visible = visible_gpus() if visible is None else visible
-    if nt > 1:
-        raise ConfigError(
-            "deployment.num_train_gpus > 1 (FSDP2 over torchrun) is not implemented yet; use 0 or 1"
-        )
     if ni + nt <= len(visible):
         return visible[:ni], visible[ni : ni + nt]
     if len(visible) == 1 and ni <= 1 and nt <= 1:
         return visible[:ni], visible[:nt]
     raise ConfigError(
         f"deployment asks for {ni} inference + {nt} trainer GPUs but {len(visible)} are visible "
-        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+        "(deployment.num_inference_gpus, deployment.num_train_gpus; "
+        f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
     )

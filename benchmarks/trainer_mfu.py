@@ -1,0 +1,194 @@
+"""Trainer MFU at GPU scale: `rlfleet trainer --bench` against plain transformers, in one run.
+
+Random-init Qwen2.5-0.5B and -1.5B shapes (vocab 151936), seq 4096, the same fake token ids and
+tokens per optimizer step for both. Plain transformers is the usual loop: `model(...).loss`,
+backward, fused AdamW, bf16 autocast over fp32 weights, sdpa attention. rlfleet is the real train
+step (GRPO loss) with the configured levers. Each measurement runs in its own process so peak
+memory and compile caches do not leak between them. MFU uses the formula in rlfleet/trainer/bench.py
+for both. Writes one JSON with every run and prints the ratios:
+
+    python benchmarks/trainer_mfu.py --shapes 0.5b,1.5b --out benchmarks/results/trainer_mfu_h100.json
+    python benchmarks/trainer_mfu.py --shapes 1.5b --no-plain --variants levers --out ...levers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = {  # Qwen2.5 configs (tied embeddings, GQA with 2 KV heads, qkv bias)
+    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, intermediate_size=4864),
+    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, intermediate_size=8960),
+}
+# Headline: everything that makes one GPU fast. reshard_after_forward only pays with > 1 GPU.
+FAST = [
+    "--trainer.compile",
+    "true",
+    "--trainer.lm-head-chunk",
+    "2048",
+    "--trainer.reshard-after-forward",
+    "false",
+]
+VARIANTS = {
+    "fast": [FAST],
+    "fast_ac": [FAST, [*FAST, "--trainer.activation-checkpointing", "selective"]],
+    # Peak memory with each lever on and off (compiled, 1 GPU).
+    "levers": [
+        [*FAST[:2], "--trainer.lm-head-chunk", "0", "--trainer.reshard-after-forward", "false"],
+        FAST,
+        [*FAST, "--trainer.activation-checkpointing", "selective"],
+        [*FAST, "--trainer.activation-checkpointing", "full"],
+        [*FAST, "--trainer.optimizer-offload", "true"],
+    ],
+}
+
+
+def write_config(out: Path, shape: str) -> Path:
+    from transformers import Qwen2Config
+
+    cfg = Qwen2Config(
+        vocab_size=151936,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        **SHAPES[shape],
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(out)
+    return out
+
+
+def plain(model_dir: str, seq: int, mbs: int, micro_batches: int, warmup: int, steps: int) -> dict:
+    """The loop most people write: HF loss, autocast, fused AdamW."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlfleet.trainer.bench import flops_per_token, peak_flops
+
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    g = torch.Generator().manual_seed(0)
+    data = [torch.randint(3, config.vocab_size, (mbs, seq), generator=g).cuda() for _ in range(micro_batches)]
+    times, losses = [], []
+    for i in range(warmup + steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        total = 0.0
+        for ids in data:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            (loss / len(data)).backward()
+            total += float(loss)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+        losses.append(total / len(data))
+    step_s = statistics.median(times)
+    tps = micro_batches * mbs * seq / step_s
+    return {
+        "impl": "plain transformers",
+        "micro_batch_size": mbs,
+        "step_seconds": step_s,
+        "step_seconds_all": times,
+        "tokens_per_second": tps,
+        "mfu": flops_per_token(config, seq) * tps / peak_flops(torch.device("cuda")),
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "losses": losses,
+    }
+
+
+def rlfleet_bench(
+    model_dir: str, seq: int, mbs: int, micro_batches: int, warmup: int, steps: int, extra: list[str]
+) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        cmd = [sys.executable, "-m", "rlfleet.cli", "trainer", "--bench", "--model.path", model_dir]
+        cmd += ["--output-dir", str(Path(tmp) / "run"), "--bench.output-json", str(out)]
+        cmd += ["--bench.seq-len", str(seq), "--bench.micro-batches", str(micro_batches)]
+        cmd += ["--bench.micro-batch-size", str(mbs)]
+        cmd += ["--bench.warmup-steps", str(warmup), "--bench.steps", str(steps), *extra]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        print(proc.stdout[-3000:], flush=True)
+        if proc.returncode != 0:
+            print(proc.stderr[-6000:], flush=True)
+            return {"impl": "rlfleet", "args": extra, "error": proc.stderr[-2000:]}
+        r = json.loads(out.read_text())
+    return {"impl": "rlfleet", "args": extra, "wall_seconds": time.perf_counter() - t0, **r}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default="0.5b,1.5b")
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--micro-batches", type=int, default=4)
+    p.add_argument("--micro-batch-size", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--variants", default="fast", choices=sorted(VARIANTS))
+    p.add_argument("--no-plain", action="store_true")
+    p.add_argument("--plain-only", help=argparse.SUPPRESS)  # child process: one plain run, JSON on stdout
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    if a.plain_only:
+        print(
+            "RESULT "
+            + json.dumps(plain(a.plain_only, a.seq, a.micro_batch_size, a.micro_batches, a.warmup, a.steps))
+        )
+        return
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape in a.shapes.split(","):
+            model_dir = str(write_config(Path(tmp) / shape, shape))
+            if not a.no_plain:
+                cmd = [sys.executable, __file__, "--plain-only", model_dir, "--out", "-"]
+                cmd += ["--seq", str(a.seq), "--micro-batches", str(a.micro_batches)]
+                cmd += ["--micro-batch-size", str(a.micro_batch_size)]
+                cmd += ["--warmup", str(a.warmup), "--steps", str(a.steps)]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+                r = (
+                    json.loads(line[0][7:])
+                    if line
+                    else {"impl": "plain transformers", "error": proc.stderr[-2000:]}
+                )
+                results.append({"shape": shape, **r})
+                print(json.dumps(results[-1])[:400], flush=True)
+            for extra in VARIANTS[a.variants]:
+                r = rlfleet_bench(
+                    model_dir, a.seq, a.micro_batch_size, a.micro_batches, a.warmup, a.steps, extra
+                )
+                results.append({"shape": shape, **r})
+                Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+                Path(a.out).write_text(json.dumps(results, indent=2))
+    env = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}
+    Path(a.out).write_text(json.dumps({"env": env, "results": results}, indent=2))
+    print(f"{'shape':6} {'impl':20} {'tok/s':>9} {'MFU':>6} {'peak GiB':>9} {'ratio':>6}  args")
+    for shape in a.shapes.split(","):
+        rows = [r for r in results if r["shape"] == shape and "error" not in r]
+        base = next((r for r in rows if r["impl"] == "plain transformers"), None)
+        for r in rows:
+            ratio = r["tokens_per_second"] / base["tokens_per_second"] if base else float("nan")
+            print(
+                f"{shape:6} {r['impl']:20} {r['tokens_per_second']:9,.0f} {100 * r['mfu']:5.1f}% "
+                f"{r['peak_memory_gib']:9.1f} {ratio:6.2f}  {' '.join(r.get('args', []))}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Where a bench step's time goes: torch.profiler over one train step after warm-up.
+
+Prints the top kernels / ops by GPU time and the GPU busy fraction of the step (kernel time /
+wall time; well below 1 means the host cannot keep the GPU fed). Same arguments as the bench:
+
+    python benchmarks/trainer_profile.py --model.path DIR --trainer.compile true --bench.seq-len 4096
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from rlfleet.config.loader import load
+from rlfleet.config.models import TrainerJobConfig
+from rlfleet.trainer.bench import fake_micro_batches
+from rlfleet.trainer.train import train_step
+from rlfleet.trainer.worker import build
+
+
+def main() -> None:
+    cfg = load(TrainerJobConfig, sys.argv[1:])
+    par, policy, opt = build(cfg, cfg.model.path, random_init=True)
+    b = cfg.bench
+    micro = fake_micro_batches(cfg, policy.lm.config.vocab_size, b.micro_batches)
+    n = len(micro) * b.micro_batch_size * (b.seq_len - 1)
+    for _ in range(b.warmup_steps):
+        train_step(policy, opt, micro, n, cfg.trainer, 1.0, par)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        train_step(policy, opt, micro, n, cfg.trainer, 1.0, par)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    print(events.table(sort_by="self_device_time_total", row_limit=int(b.steps) * 6, max_name_column_width=70))
+    busy = sum(e.self_device_time_total for e in events) / 1e6
+    print(f"wall {wall:.3f} s, GPU kernel time {busy:.3f} s, busy {busy / wall:.0%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Prefect artifacts of a run: what a person sees on the flow run's Artifacts tab."""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Any
+
+from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
+
+from rlfleet.store import RunStore
+
+
+def artifact_key(name: str, kind: str) -> str:
+    """Prefect keys allow lowercase letters, digits and dashes only."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{name}-{kind}".lower()).strip("-")
+
+
+def metric_rows(store: RunStore, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per step: the flow's step record joined with the trainer's metrics and any eval."""
+    rows = []
+    for rec in steps:
+        step = rec["step"]
+        row = {k: rec[k] for k in ("step", "mean_reward", "step_seconds") if k in rec}
+        if store.exists(f"metrics/step_{step}.json"):
+            m = store.read_json(f"metrics/step_{step}.json")
+            row |= {
+                k: m[k] for k in ("loss", "grad_norm", "clip_frac", "mismatch_kl", "train_seconds") if k in m
+            }
+        if store.exists(f"evals/step_{step}.json"):
+            row["eval_reward"] = store.read_json(f"evals/step_{step}.json")["mean_reward"]
+        rows.append({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+    return rows
+
+
+def publish_rl_artifacts(store: RunStore, name: str, summary: dict[str, Any]) -> None:
+    create_table_artifact(
+        key=artifact_key(name, "metrics"),
+        table=metric_rows(store, summary["steps"]),
+        description=f"per-step metrics of rl run {name}",
+    )
+    png = store.read_bytes("reward_curve.png")
+    create_image_artifact(
+        image_url="data:image/png;base64," + base64.b64encode(png).decode(),
+        key=artifact_key(name, "reward-curve"),
+        description=f"reward curve of rl run {name}",
+    )
+    paths = "\n".join(
+        f"- {what}: `{store.uri(rel)}`"
+        for what, rel in (
+            ("summary", "summary.json"),
+            ("reward curve", "reward_curve.png"),
+            ("resolved config", "configs/rl.toml"),
+            ("weights", "weights"),
+            ("checkpoints", "checkpoints"),
+            ("rollouts", "rollouts"),
+            ("logs", "logs"),
+        )
+    )
+    first, last = summary["first3_mean_reward"], summary["last3_mean_reward"]
+    create_markdown_artifact(
+        key=artifact_key(name, "summary"),
+        markdown=(
+            f"# rl run `{name}`\n\n| steps | first-3 reward | last-3 reward | wall (s) |\n|---|---|---|---|\n"
+            f"| {len(summary['steps'])} | {_fmt(first)} | {_fmt(last)} | {summary['wall_seconds']:.0f} |\n\n"
+            f"## Run store\n{paths}\n"
+        ),
+        description="reward summary and run store paths",
+    )
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"

@@ -1,0 +1,31 @@
+"""Flow `eval`: a checkpoint (latest, a step, or the base model) through its own vLLM servers.
+
+The result lands in the run store (`evals/step_N.json`) and as a table artifact; deployment
+`eval/scheduled` runs it on a cron schedule against a live run's output_dir.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_table_artifact
+
+from rlfleet.config.checks import check_model, raise_if
+from rlfleet.config.models import EvalJobConfig
+from rlfleet.flows.artifacts import artifact_key
+from rlfleet.tasks.eval import evaluate_checkpoint
+
+
+@flow(name="eval", flow_run_name="eval-{config.output_dir}-{config.checkpoint}")
+def eval_flow(config: EvalJobConfig) -> dict[str, Any]:
+    raise_if(check_model(config.model))
+    record = evaluate_checkpoint.with_options(
+        retries=1, timeout_seconds=config.inference.startup_timeout_s + 600
+    )(config)
+    create_table_artifact(
+        key=artifact_key(f"eval-{config.eval.env}", "result"),
+        table=[{k: record[k] for k in ("step", "env", "num_samples", "mean_reward", "pass_rate")}],
+        description=f"eval of {config.output_dir} checkpoint {config.checkpoint}",
+    )
+    return record

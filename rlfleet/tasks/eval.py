@@ -1,0 +1,70 @@
+"""Eval tasks: a checkpoint on its own vLLM servers (flow `eval`), or the RL run's live policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from rlfleet.config.checks import check_ports, raise_if
+from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig
+from rlfleet.inference.pool import get_pool
+from rlfleet.inference.server import launch_replicas, stop_replicas
+from rlfleet.orchestrator.evaluate import evaluate
+from rlfleet.store import CorruptArtifact, RunStore, step_dir
+from rlfleet.tasks.rl import step_key
+from rlfleet.trainer.checkpoint import checkpoint_model_path, latest_checkpoint
+
+
+def eval_record(store: RunStore, step: int | None, result: dict[str, Any], source: str) -> dict[str, Any]:
+    record = {"step": step, "source": source, **result}
+    store.write_json(f"evals/{'base' if step is None else f'step_{step}'}.json", record)
+    return record
+
+
+def resolve_checkpoint(store: RunStore, which: str | int) -> tuple[int | None, str | None]:
+    """(step, local model dir) of the checkpoint to evaluate; (None, None) for the base model."""
+    if which == "base":
+        return None, None
+    if which == "latest":
+        manifest = latest_checkpoint(store)
+        if manifest is None:
+            raise FileNotFoundError(f"no complete checkpoint in {store.url}")
+        step = manifest["step"]
+    else:
+        step = int(which)
+        try:
+            ok = store.manifest(step_dir("checkpoints", step), verify=True) is not None
+        except CorruptArtifact as e:
+            raise FileNotFoundError(f"checkpoints/step_{step} is corrupt: {e}") from None
+        if not ok:
+            raise FileNotFoundError(f"checkpoints/step_{step} is not a complete checkpoint in {store.url}")
+    return step, checkpoint_model_path(store, step)
+
+
+@task(name="evaluate_checkpoint", task_run_name="evaluate_checkpoint-{cfg.checkpoint}")
+def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
+    store = RunStore(cfg.output_dir)
+    step, model_dir = resolve_checkpoint(store, cfg.checkpoint)
+    raise_if(check_ports(cfg.inference))
+    serve = InferenceJobConfig(
+        output_dir=str(Path(store.local_path("eval"))) if store.is_local else "outputs/eval",
+        seed=cfg.seed,
+        model=cfg.model,
+        inference=cfg.inference,
+    )
+    replicas = launch_replicas(serve, model_dir)
+    try:
+        result = evaluate(lambda: [r.url for r in replicas], cfg.model.path, cfg.eval, cfg.seed)
+    finally:
+        stop_replicas(replicas)
+    return eval_record(store, step, result, "eval")
+
+
+@task(name="evaluate_policy", task_run_name="evaluate_policy-{step}", cache_key_fn=step_key)
+def evaluate_policy(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
+    """Evaluate the weights of `step` on the run's own servers (called right after their broadcast)."""
+    pool = get_pool(cfg.inference_job(gpu_ids))
+    result = evaluate(pool.ensure, cfg.model.path, cfg.eval, cfg.seed)
+    return eval_record(RunStore(cfg.output_dir), step, result, "rl")

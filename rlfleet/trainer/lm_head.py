@@ -1,0 +1,93 @@
+"""Logprobs and entropy of the LM head without materializing [tokens, vocab] logits.
+
+At a 152k vocabulary one 4096-token sequence has 2.5 GB of fp32 logits, more than the rest of a
+1.5B model's activations. `chunked_logprobs` runs the head over `chunk` tokens at a time, keeps
+only the log-sum-exp per token, and recomputes each chunk's logits in backward (one extra head
+matmul) so peak memory is one chunk of logits whatever the sequence length.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _chunk_forward(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, inv_temp: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    logits = (hidden @ weight.t()).float() * inv_temp
+    lse = logits.logsumexp(-1)
+    logprob = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    probs = (logits - lse.unsqueeze(-1)).exp()
+    entropy = lse - (probs * logits).sum(-1)
+    return logprob, entropy, lse
+
+
+def _chunk_backward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    grad: torch.Tensor,
+    inv_temp: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """d logprob / d logits = onehot(target) - softmax, scaled by the incoming grad."""
+    logits = (hidden @ weight.t()).float() * inv_temp
+    g = (logits - lse.unsqueeze(-1)).exp().mul_(-grad.unsqueeze(-1))
+    g.scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1))
+    g = (g * inv_temp).to(hidden.dtype)
+    return g @ weight, g.t() @ hidden
+
+
+# Swapped for torch.compile'd versions by `compile_lm_head` (fuses the [chunk, vocab] elementwise work).
+_FWD, _BWD = _chunk_forward, _chunk_backward
+
+
+def compile_lm_head() -> None:
+    global _FWD, _BWD
+    _FWD = torch.compile(_chunk_forward, dynamic=False)
+    _BWD = torch.compile(_chunk_backward, dynamic=False)
+
+
+class _ChunkedLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk: int, inv_temp: float):  # type: ignore[override]
+        n = hidden.shape[0]
+        logprob = hidden.new_empty(n, dtype=torch.float32)
+        entropy = torch.empty_like(logprob)
+        lse = torch.empty_like(logprob)
+        for s in range(0, n, chunk):
+            e = min(s + chunk, n)
+            logprob[s:e], entropy[s:e], lse[s:e] = _FWD(hidden[s:e], weight, targets[s:e], inv_temp)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.chunk, ctx.inv_temp = chunk, inv_temp
+        ctx.mark_non_differentiable(entropy)
+        return logprob, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprob, _grad_entropy):  # type: ignore[override]
+        hidden, weight, targets, lse = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad_logprob = grad_logprob.float().contiguous()
+        for s in range(0, hidden.shape[0], ctx.chunk):
+            e = min(s + ctx.chunk, hidden.shape[0])
+            gh, gw = _BWD(hidden[s:e], weight, targets[s:e], lse[s:e], grad_logprob[s:e], ctx.inv_temp)
+            grad_hidden[s:e] = gh
+            grad_weight += gw
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None
+
+
+def chunked_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprob of target, entropy), both float32 and shaped like `targets`.
+
+    hidden [..., H] (the final-norm output), weight [V, H] (the LM head), targets [...] token ids.
+    Only logprob carries a gradient; entropy is for logging.
+    """
+    shape = targets.shape
+    h = hidden.reshape(-1, hidden.shape[-1])
+    if not h.is_contiguous():
+        h = h.contiguous()
+    lp, ent = _ChunkedLogprob.apply(h, weight, targets.reshape(-1), chunk, 1.0 / temperature)
+    return lp.view(shape), ent.view(shape)

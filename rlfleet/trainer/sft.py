@@ -1,0 +1,232 @@
+"""Supervised fine-tuning with the RL trainer's model, optimizer, checkpoints and resume.
+
+`run_sft` resumes one step past the latest complete checkpoint (the data cursor is the step, see
+sft_data), trains to `max_steps`, checkpoints every `checkpoint_interval` steps and at the last,
+publishes the final weights to `weights/step_N` (an HF directory vLLM and eval load), and writes
+`metrics/step_N.json` per step, `summary.json` and `loss_curve.png`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from transformers import AutoTokenizer, PreTrainedModel
+
+from rlfleet.config.checks import check_model, check_output_dir, raise_if
+from rlfleet.config.models import SFTConfig
+from rlfleet.report import curve_png
+from rlfleet.store import RunStore, step_dir
+from rlfleet.trainer.checkpoint import (
+    checkpoint_model_path,
+    latest_checkpoint,
+    load_optimizer_state,
+    prune_checkpoints,
+    prune_weights,
+    publish_weights,
+    save_checkpoint,
+)
+from rlfleet.trainer.loss import sft_loss, token_logprobs
+from rlfleet.trainer.sft_data import (
+    Example,
+    check_data,
+    encode,
+    load_dataset,
+    micro_batches,
+    num_targets,
+    pad_id,
+    step_batches,
+)
+from rlfleet.trainer.train import load_model, make_optimizer, pick_device
+from rlfleet.trainer.worker import is_checkpoint_step
+
+log = logging.getLogger("rlfleet.sft")
+
+
+def preflight(cfg: SFTConfig) -> None:
+    """Model, output dir and every data row are checked before anything is written."""
+    problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_data(cfg.data)
+    config_json = Path(cfg.model.path) / "config.json"
+    if config_json.is_file():
+        max_pos = json.loads(config_json.read_text()).get("max_position_embeddings")
+        if max_pos and cfg.data.max_seq_len > max_pos:
+            problems.append(f"data.max_seq_len: {cfg.data.max_seq_len} > the model's {max_pos} positions")
+    raise_if(problems)
+
+
+def sft_step(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    batches: list[dict[str, torch.Tensor]],
+    max_grad_norm: float,
+) -> dict[str, Any]:
+    """Accumulate the step's token-mean NLL over its micro-batches, clip, one optimizer step."""
+    device = next(model.parameters()).device
+    start = time.perf_counter()
+    n = num_targets(batches)
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for mb in batches:
+        ids = mb["input_ids"].to(device)
+        logits = model(input_ids=ids).logits[:, :-1]
+        loss = sft_loss(token_logprobs(logits, ids[:, 1:]), mb["loss_mask"][:, 1:].to(device), n)
+        loss.backward()
+        total += float(loss.detach())
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return {
+        "loss": total,
+        "grad_norm": float(grad_norm),
+        "loss_tokens": n,
+        "tokens": int(sum(mb["input_ids"].numel() for mb in batches)),
+        "train_seconds": time.perf_counter() - start,
+    }
+
+
+@torch.no_grad()
+def evaluate_nll(
+    model: PreTrainedModel, examples: list[Example], pad: int, micro_batch_size: int = 32
+) -> float:
+    """Token-mean NLL of `model` on `examples` over their loss tokens (no update)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    batches = micro_batches(examples, micro_batch_size, pad)
+    n = num_targets(batches)
+    total = 0.0
+    for mb in batches:
+        ids = mb["input_ids"].to(device)
+        logits = model(input_ids=ids).logits[:, :-1]
+        total += float(sft_loss(token_logprobs(logits, ids[:, 1:]), mb["loss_mask"][:, 1:].to(device), n))
+    model.train(was_training)
+    return total
+
+
+def dataset_nll(model_path: str, cfg: SFTConfig, device: str = "cpu") -> float:
+    """NLL of the model at `model_path` on the whole configured dataset (for before/after checks)."""
+    tok = AutoTokenizer.from_pretrained(model_path)
+    ds = load_dataset(cfg.data)
+    examples = [encode(tok, row, ds.format, cfg.data.max_seq_len) for row in ds.rows]
+    model = load_model(model_path, cfg.model.dtype, torch.device(device))
+    return evaluate_nll(model, examples, pad_id(tok), cfg.data.micro_batch_size)
+
+
+def _progress(enabled: bool) -> Progress | nullcontext:
+    if not enabled:
+        return nullcontext()
+    return Progress(
+        TextColumn("[bold]sft[/] step"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )
+
+
+def _discard_after(store: RunStore, start: int) -> None:
+    """Metrics and weights a dead previous life wrote past its last checkpoint are redone."""
+    for s in metric_steps(store):
+        if s >= start:
+            store.fs.rm(store.path(f"metrics/step_{s}.json"))
+    for s in store.complete_steps("weights"):
+        if s >= start:
+            store.remove(step_dir("weights", s))
+
+
+def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
+    """Train from the latest checkpoint to `max_steps`; returns the summary (also in summary.json)."""
+    t0 = time.perf_counter()
+    tc = cfg.trainer
+    store = RunStore(cfg.output_dir)
+    device = pick_device(tc.device)
+    if tc.num_threads:
+        torch.set_num_threads(tc.num_threads)
+    torch.manual_seed(cfg.seed)
+
+    ckpt = latest_checkpoint(store)
+    start = 0 if ckpt is None else ckpt["step"] + 1
+    _discard_after(store, start)
+    if start < cfg.max_steps:
+        ds = load_dataset(cfg.data)
+        tok = AutoTokenizer.from_pretrained(cfg.model.path)
+        model = load_model(
+            cfg.model.path if ckpt is None else checkpoint_model_path(store, ckpt["step"]),
+            cfg.model.dtype,
+            device,
+        )
+        optimizer = make_optimizer(model, tc)
+        if ckpt is not None:
+            load_optimizer_state(store, ckpt["step"], optimizer, device)
+        log.info("sft on %s: %d %s rows, steps %d..%d", device, len(ds), ds.format, start, cfg.max_steps - 1)
+        with _progress(progress) as bar:
+            job = bar.add_task("sft", total=cfg.max_steps, completed=start, loss="-") if bar else None
+            for step in range(start, cfg.max_steps):
+                s0 = time.perf_counter()
+                metrics = sft_step(
+                    model, optimizer, step_batches(ds, tok, cfg.data, step, cfg.seed), tc.max_grad_norm
+                )
+                metrics.update(
+                    step=step,
+                    epoch=step * cfg.data.batch_size // len(ds),
+                    lr=optimizer.param_groups[0]["lr"],
+                    seconds=time.perf_counter() - s0,
+                )
+                # Metrics first: every step a checkpoint covers has its record; a crash in between
+                # only redoes the step, which rewrites it.
+                store.write_json(f"metrics/step_{step}.json", metrics)
+                log.info(
+                    "step %d: loss %.4f (%d tokens, %.2f s)",
+                    step,
+                    metrics["loss"],
+                    metrics["loss_tokens"],
+                    metrics["seconds"],
+                )
+                if is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
+                    save_checkpoint(store, step, model, optimizer, {"next_step": step + 1}, cfg.model.path)
+                    prune_checkpoints(store, tc.keep_checkpoints)
+                if step == cfg.max_steps - 1:
+                    publish_weights(store, step, model, cfg.model.path)
+                    prune_weights(store, tc.keep_weights)
+                if bar:
+                    bar.update(job, advance=1, loss=f"{metrics['loss']:.4f}")
+    return write_sft_report(store, cfg, time.perf_counter() - t0)
+
+
+def metric_steps(store: RunStore) -> list[int]:
+    if not store.exists("metrics"):
+        return []
+    names = [p.rsplit("/", 1)[-1] for p in store.fs.ls(store.path("metrics"), detail=False)]
+    return sorted(int(n[5:-5]) for n in names if n.startswith("step_") and n.endswith(".json"))
+
+
+def write_sft_report(store: RunStore, cfg: SFTConfig, wall_seconds: float) -> dict[str, Any]:
+    steps = [store.read_json(f"metrics/step_{s}.json") for s in metric_steps(store) if s < cfg.max_steps]
+    losses = [s["loss"] for s in steps]
+    weights = store.complete_steps("weights")
+    summary = {
+        "steps": steps,
+        "wall_seconds": wall_seconds,
+        "config": store.path("configs/sft.toml"),
+        "first3_mean_loss": _mean(losses[:3]),
+        "last3_mean_loss": _mean(losses[-3:]),
+        "weights": store.path(step_dir("weights", weights[-1])) if weights else None,
+        "loss_curve": store.path("loss_curve.png") if steps else None,
+    }
+    if steps:
+        store.write_bytes(
+            "loss_curve.png", curve_png([s["step"] for s in steps], losses, cfg.name, "loss (NLL)")
+        )
+    store.write_json("summary.json", summary)
+    return summary
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None

@@ -1,0 +1,45 @@
+"""`rlfleet deploy`: the local process work pool, per-GPU limits, and the deployments of prefect.yaml."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rlfleet.workers.leases import ensure_gpu_limits
+from rlfleet.workers.placement import visible_gpus
+
+POOL = "rlfleet-local"
+PREFECT_FILE = "deployments/prefect.yaml"
+
+
+def _prefect(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"prefect {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def deploy(root: Path, pool: str = POOL, prefect_file: str = PREFECT_FILE) -> str:
+    """Create (or update) everything a worker on `pool` needs to run rlfleet's flows.
+
+    `root` is the repository checkout the worker runs flows from: parameters' relative paths
+    (models/tiny, outputs/...) resolve against it.
+    """
+    root = root.resolve()
+    if not (root / prefect_file).is_file():
+        raise FileNotFoundError(
+            f"{root / prefect_file} not found: run `rlfleet deploy` from the rlfleet checkout"
+        )
+    _prefect("work-pool", "create", pool, "--type", "process", "--overwrite")
+    limits = ensure_gpu_limits(visible_gpus())
+    env = {**os.environ, "RLFLEET_ROOT": str(root), "RLFLEET_POOL": pool}
+    out = _prefect("deploy", "--all", "--prefect-file", prefect_file, env=env, cwd=root)
+    return f"work pool {pool}; GPU limits {limits or 'none (no GPU visible)'}\n{out}"

@@ -1,0 +1,207 @@
+"""Prefect as the user drives it: deployments from prefect.yaml, a worker on the local pool, a
+deployment run that fails and is retried the way the UI's Retry does, an ablation and an eval.
+
+All against the real Prefect server of the test session (`prefect_api`), real vLLM and trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+from rlfleet.config.loader import load
+from rlfleet.config.models import EvalJobConfig
+from rlfleet.procs import kill_group
+from rlfleet.store import RunStore
+from tests.conftest import free_port
+from tests.test_e2e import rl_config
+from tests.test_faults import KillWhen, assert_every_step_once, assert_no_process_left
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+POOL = "rlfleet-test"
+
+
+def prefect_cli(*args: str, timeout: float = 300) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def worker(prefect_api, tmp_path_factory):
+    """`rlfleet deploy`, then `prefect worker start` on the pool, stopped at teardown."""
+    out = subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", "deploy", "--pool", POOL, "--root", str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = open(tmp_path_factory.mktemp("worker") / "worker.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL],
+        env={**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "2"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=ROOT,
+    )
+    yield proc
+    kill_group(proc.pid)
+    log.close()
+
+
+def flow_run(run_id: UUID):
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(run_id)
+
+
+def wait_final(run_id: UUID, timeout_s: float = 600, after: float = 0.0):
+    """The flow run once it is final (and, with `after`, finished later than that time)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = flow_run(run_id)
+        if run.state.is_final() and (run.end_time is None or run.end_time.timestamp() > after):
+            return run
+        time.sleep(2)
+    raise TimeoutError(f"flow run {run_id} not final after {timeout_s} s: {flow_run(run_id).state}")
+
+
+def task_runs(run_id: UUID) -> list:
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    return sorted(runs, key=lambda t: t.created)
+
+
+def test_deploy_creates_the_deployments(worker):
+    with get_client(sync_client=True) as client:
+        deployments = {
+            f"{client.read_flow(d.flow_id).name}/{d.name}": d
+            for d in client.read_deployments()
+            if d.work_pool_name == POOL
+        }
+        assert client.read_work_pool(POOL).type == "process"
+    assert set(deployments) == {"rl/main", "sft/main", "eval/scheduled", "ablation/main"}
+    (schedule,) = deployments["eval/scheduled"].schedules
+    assert schedule.schedule.cron == "0 * * * *" and schedule.active is False  # off until the user enables it
+    pull = deployments["rl/main"].pull_steps[0]["prefect.deployments.steps.set_working_directory"]
+    assert pull["directory"] == str(ROOT)
+    assert deployments["rl/main"].parameters["config"]["model"]["path"] == "models/tiny"
+
+
+def test_deployment_run_fails_then_retry_reruns_only_unfinished_tasks(worker, tiny_model, tmp_path):
+    """`prefect deployment run rl/main --param config=...`; the trainer is killed in step 1 with
+    retries off, so the run fails; `prefect flow-run retry` (the UI's Retry) finishes it."""
+    out = tmp_path / "run"
+    cfg = rl_config(tiny_model, out, 3, **{"tasks.retries": "0"})
+    params = json.dumps(cfg.model_dump(mode="json"))
+    killer = KillWhen(out / "batches/step_1/manifest.json", out / "run/trainer.pid")
+    killer.start()
+    text = prefect_cli("deployment", "run", "rl/main", "--param", f"config={params}")
+    run_id = UUID(text.split("UUID:")[1].split()[0])
+    first = wait_final(run_id)
+    assert killer.killed_at is not None and first.state.is_failed(), first.state
+
+    prefect_cli("flow-run", "retry", str(run_id))
+    final = wait_final(run_id, after=first.end_time.timestamp())
+    assert final.state.is_completed(), final.state
+
+    runs = task_runs(run_id)
+    executed = Counter(t.name for t in runs if t.state.name != "Cached")
+    cached = {t.name for t in runs if t.state.name == "Cached"}
+    failed = {t.name for t in runs if t.state.is_failed()}
+    assert failed == {"train-1"}
+    # finished in the first attempt: step 0 is not called again, step 1's rollout and batches come from the cache
+    assert cached == {"rollout-1", "aggregate-1"}
+    step_tasks = {n: c for n, c in executed.items() if not n.startswith(("launch_", "broadcast_"))}
+    assert step_tasks == {
+        **{f"{t}-{s}": 1 for t in ("rollout", "aggregate", "train", "checkpoint") for s in range(3)},
+        "train-1": 2,  # failed, then the retry: the only task that ran twice
+    }
+    assert executed["launch_inference_pool"] == 2  # processes die with the controller, so relaunched
+    assert_every_step_once(out, 3)
+    assert_no_process_left(out)
+
+
+def test_ablation_table_and_eval(prefect_api, tiny_model, tmp_path):
+    """A 2-point grid: two child rl runs (each evaluating its policy every 2 steps), one table;
+    then the `eval` flow scores the latest checkpoint of one point on its own vLLM server."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from rlfleet.flows.ablation import ablation
+    from rlfleet.flows.eval import eval_flow
+
+    base = rl_config(tiny_model, tmp_path / "abl", 2, **{"eval.interval": "2", "eval.num-prompts": "8"})
+    rows = ablation(base=base, grid={"trainer.lr": [1e-3, 1e-2]})
+
+    assert [r["point"] for r in rows] == ["p0_lr-0.001", "p1_lr-0.01"]
+    for row in rows:
+        assert row["state"] == "Completed"
+        assert 0.0 <= row["final_reward"] <= 1.0 and row["tokens_per_s"] > 0 and row["median_step_s"] > 0
+        store = RunStore(row["output_dir"])
+        assert store.complete_steps("checkpoints") == [0, 1]
+        assert store.read_json("evals/step_1.json")["source"] == "rl"
+    assert RunStore(tmp_path / "abl").read_json("ablation.json") == rows
+    with get_client(sync_client=True) as client:
+        (table,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["abl-ablation"])), limit=1
+        )
+    assert [r["point"] for r in json.loads(table.data)] == [r["point"] for r in rows]
+
+    point = rows[1]["output_dir"]
+    cfg = load(
+        EvalJobConfig,
+        ["--output-dir", point, "--model.path", str(tiny_model), "--inference.port", str(free_port())]
+        + ["--eval.num-prompts", "16", "--inference.max-model-len", "128"],
+    )
+    record = eval_flow(config=cfg)
+    assert record["step"] == 1 and record["source"] == "eval" and record["num_samples"] == 16
+    assert 0.0 <= record["pass_rate"] <= record["mean_reward"] + 1e-9 <= 1.0 + 1e-9
+    assert RunStore(point).read_json("evals/step_1.json") == record
+
+
+def test_gpu_leases_keep_two_runs_off_the_same_gpu(prefect_api):
+    """Two holders of GPU 7 never overlap; GPU 6 is leased independently."""
+    import contextvars
+    import threading
+
+    from rlfleet.workers.leases import ensure_gpu_limits, gpu_lease
+
+    assert ensure_gpu_limits(["6", "7"]) == ["gpu-6", "gpu-7"]
+    spans: dict[str, tuple[float, float]] = {}
+
+    def hold(name: str, gpus: list[str]) -> None:
+        with gpu_lease(gpus):
+            start = time.monotonic()
+            time.sleep(1.5)
+            spans[name] = (start, time.monotonic())
+
+    threads = [  # each thread runs in a copy of this context, so it talks to the test's Prefect API
+        threading.Thread(target=contextvars.copy_context().run, args=(hold, *a))
+        for a in (("a", ["7"]), ("b", ["7"]), ("c", ["6"]))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert set(spans) == {"a", "b", "c"}
+    (a0, a1), (b0, b1) = spans["a"], spans["b"]
+    assert a1 <= b0 or b1 <= a0, "two runs held GPU 7 at once"
