@@ -23,6 +23,7 @@ from rlfleet.trainer.lm_head import chunked_logprobs
 from rlfleet.trainer.loss import token_logprobs
 from rlfleet.trainer.parallel import apply_activation_checkpointing
 from rlfleet.trainer.train import Policy, load_model
+from rlfleet.trainer.worker import run_trainer
 from rlfleet.workers.placement import assign_gpus
 
 
@@ -108,6 +109,9 @@ def _run(out: Path, model: Path, max_steps: int, nproc: int | None, gpus: str = 
         model=ModelConfig(path=str(model)),
         trainer=TrainerConfig(lr=1e-2, checkpoint_interval=1, lm_head_chunk=16, param_dtype="float32"),
     )
+    if nproc is None and not gpus:  # one CPU process: in this one (saves an interpreter start)
+        run_trainer(cfg)
+        return
     path = out / "trainer.toml"
     path.write_text(to_toml(cfg))
     args = ["trainer", "@", str(path)]
