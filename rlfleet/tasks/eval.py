@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import task
@@ -49,7 +48,7 @@ def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
     step, model_dir = resolve_checkpoint(store, cfg.checkpoint)
     raise_if(check_ports(cfg.inference))
     serve = InferenceJobConfig(
-        output_dir=str(Path(store.local_path("eval"))) if store.is_local else "outputs/eval",
+        output_dir=str(store.local_dir / "eval"),  # vLLM logs stay on this machine
         seed=cfg.seed,
         model=cfg.model,
         inference=cfg.inference,
