@@ -176,7 +176,9 @@ class EvalJobConfig(Strict):
     output_dir: str = "outputs/run"
     seed: int = 0
     model: ModelConfig
-    checkpoint: Literal["latest", "base"] | int = Field("latest", description="A step, latest, or base model.")
+    checkpoint: Literal["latest", "base"] | int = Field(
+        "latest", description="A step, latest, or base model."
+    )
     eval: EvalConfig = Field(default_factory=EvalConfig)
     inference: InferenceConfig = Field(default_factory=lambda: InferenceConfig(port=8300))
 
