@@ -36,7 +36,9 @@ def main() -> None:
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     events = prof.key_averages()
-    print(events.table(sort_by="self_device_time_total", row_limit=int(b.steps) * 6, max_name_column_width=70))
+    print(
+        events.table(sort_by="self_device_time_total", row_limit=int(b.steps) * 6, max_name_column_width=70)
+    )
     busy = sum(e.self_device_time_total for e in events) / 1e6
     print(f"wall {wall:.3f} s, GPU kernel time {busy:.3f} s, busy {busy / wall:.0%}")
 

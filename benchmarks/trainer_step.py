@@ -24,6 +24,7 @@ from transformers import LlamaForCausalLM
 
 from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
 from rlfleet.orchestrator.batch import build_batches
+from rlfleet.orchestrator.rollout import publish_rollout
 from rlfleet.store import RunStore
 from rlfleet.trainer.tiny import build_tokenizer, tiny_config
 from rlfleet.trainer.worker import run_trainer
@@ -74,9 +75,7 @@ def publish_batches(
                         "completion": "",
                     }
                 )
-        stage = store.staging_dir(f"rollouts/step_{step}")
-        (stage / "replica_0.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
-        store.publish_dir(stage, f"rollouts/step_{step}", {"policy_step": step - 1})
+        publish_rollout(store, step, {0: records}, {"policy_step": step - 1})
         build_batches(store, step, micro_batch_size=64, pad_id=0)
 
 

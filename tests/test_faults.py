@@ -7,7 +7,6 @@ Recovery times are printed (`pytest -s`) for the closing notes; they are not ass
 
 from __future__ import annotations
 
-import asyncio
 import io
 import os
 import signal
@@ -47,14 +46,26 @@ class KillWhen(threading.Thread):
             self.killed_at = time.time()
 
 
-async def _task_runs(flow_run_id) -> list:
+def run_and_kill(cfg, trigger: Path, pidfile: Path):
+    """Run the flow in-process while a KillWhen fires; the run must still complete."""
+    from rlfleet.flows.rl import rl
+
+    killer = KillWhen(trigger, pidfile)
+    killer.start()
+    state = rl(config=cfg, return_state=True)
+    assert state.is_completed(), state
+    assert killer.killed_at is not None
+    return state, killer
+
+
+def task_runs(flow_run_id) -> list:
+    """Every task run of a flow run, oldest first."""
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    async with get_client() as client:
-        return await client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
-        )
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return sorted(runs, key=lambda t: t.created)
 
 
 def assert_every_step_once(out: Path, max_steps: int) -> None:
@@ -75,17 +86,11 @@ def assert_no_process_left(out: Path) -> None:
 
 
 def test_trainer_killed_mid_run_is_relaunched_from_checkpoint(tiny_model, prefect_api, tmp_path):
-    from rlfleet.flows.rl import rl
-
     out = tmp_path / "run"
     cfg = rl_config(
         tiny_model, out, max_steps=4, **{"trainer.checkpoint-interval": "2", "tasks.retries": "2"}
     )
-    killer = KillWhen(out / "metrics/step_2.json", out / "run/trainer.pid")
-    killer.start()
-    state = rl(config=cfg, return_state=True)
-    assert state.is_completed(), state
-    assert killer.killed_at is not None
+    state, killer = run_and_kill(cfg, out / "metrics/step_2.json", out / "run/trainer.pid")
     print(
         f"\ntrainer SIGKILL -> step 3 trained: {(out / 'metrics/step_3.json').stat().st_mtime - killer.killed_at:.1f} s"
     )
@@ -93,7 +98,7 @@ def test_trainer_killed_mid_run_is_relaunched_from_checkpoint(tiny_model, prefec
     assert_every_step_once(out, 4)
     log = (out / "logs/trainer/rank_0.log").read_text()
     assert "starting at step 0" in log and "starting at step 2 (checkpoint: 1)" in log
-    runs = asyncio.run(_task_runs(state.state_details.flow_run_id))
+    runs = task_runs(state.state_details.flow_run_id)
     names = [r.name for r in runs]
     assert sorted(n for n in names if n.startswith("rollout")) == [f"rollout-{s}" for s in range(4)]
     retried = {r.name: r.run_count for r in runs if r.run_count > 1}
@@ -102,15 +107,9 @@ def test_trainer_killed_mid_run_is_relaunched_from_checkpoint(tiny_model, prefec
 
 
 def test_vllm_replica_killed_is_relaunched_with_current_weights(tiny_model, prefect_api, tmp_path):
-    from rlfleet.flows.rl import rl
-
     out = tmp_path / "run"
     cfg = rl_config(tiny_model, out, max_steps=3, **{"tasks.retries": "2"})
-    killer = KillWhen(out / "metrics/step_1.json", out / "run/inference_0.pid")
-    killer.start()
-    state = rl(config=cfg, return_state=True)
-    assert state.is_completed(), state
-    assert killer.killed_at is not None
+    _, killer = run_and_kill(cfg, out / "metrics/step_1.json", out / "run/inference_0.pid")
     print(
         f"\nvLLM SIGKILL -> step 2 done: {(out / 'steps/step_2.json').stat().st_mtime - killer.killed_at:.1f} s"
     )
@@ -161,7 +160,7 @@ def test_controller_killed_leaves_no_orphans_and_rerun_resumes(tiny_model, prefe
     assert state.is_completed(), state
     for s, data in before.items():
         assert (out / f"metrics/step_{s}.json").read_bytes() == data, f"step {s} was trained twice"
-    names = {r.name for r in asyncio.run(_task_runs(state.state_details.flow_run_id))}
+    names = {r.name for r in task_runs(state.state_details.flow_run_id)}
     assert not {f"train-{s}" for s in done} & names
     assert_every_step_once(out, 4)
     assert_no_process_left(out)

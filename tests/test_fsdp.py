@@ -17,6 +17,7 @@ import torch
 from rlfleet.config.loader import to_toml
 from rlfleet.config.models import DeploymentConfig, ModelConfig, TrainerConfig, TrainerJobConfig
 from rlfleet.orchestrator.batch import build_batches
+from rlfleet.orchestrator.rollout import publish_rollout
 from rlfleet.store import RunStore
 from rlfleet.trainer.launch import TrainerProcess, torchrun_cmd
 from rlfleet.trainer.lm_head import chunked_logprobs
@@ -96,9 +97,7 @@ def _publish(store: RunStore, steps: int) -> None:
                         "completion": "",
                     }
                 )
-        stage = store.staging_dir(f"rollouts/step_{step}")
-        (stage / "replica_0.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
-        store.publish_dir(stage, f"rollouts/step_{step}", {"policy_step": step - 1})
+        publish_rollout(store, step, {0: records}, {"policy_step": step - 1})
         build_batches(store, step, micro_batch_size=8, pad_id=0)
 
 

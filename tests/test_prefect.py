@@ -17,32 +17,20 @@ from uuid import UUID
 
 import pytest
 from prefect import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from rlfleet.config.loader import load
 from rlfleet.config.models import EvalJobConfig
 from rlfleet.procs import kill_group
 from rlfleet.store import RunStore
+from rlfleet.workers.deploy import prefect_cli
 from tests.conftest import free_port
 from tests.test_e2e import rl_config
-from tests.test_faults import KillWhen, assert_every_step_once, assert_no_process_left
+from tests.test_faults import KillWhen, assert_every_step_once, assert_no_process_left, task_runs
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = "rlfleet-test"
-
-
-def prefect_cli(*args: str, timeout: float = 300) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "prefect", "--no-prompt", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc.stdout
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +73,6 @@ def wait_final(run_id: UUID, timeout_s: float = 600, after: float = 0.0):
     raise TimeoutError(f"flow run {run_id} not final after {timeout_s} s: {flow_run(run_id).state}")
 
 
-def task_runs(run_id: UUID) -> list:
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
-    return sorted(runs, key=lambda t: t.created)
-
-
 def test_deploy_creates_the_deployments(worker):
     with get_client(sync_client=True) as client:
         deployments = {
@@ -115,12 +97,12 @@ def test_deployment_run_fails_then_retry_reruns_only_unfinished_tasks(worker, ti
     params = json.dumps(cfg.model_dump(mode="json"))
     killer = KillWhen(out / "batches/step_1/manifest.json", out / "run/trainer.pid")
     killer.start()
-    text = prefect_cli("deployment", "run", "rl/main", "--param", f"config={params}")
+    text = prefect_cli("deployment", "run", "rl/main", "--param", f"config={params}", cwd=ROOT, timeout=300)
     run_id = UUID(text.split("UUID:")[1].split()[0])
     first = wait_final(run_id)
     assert killer.killed_at is not None and first.state.is_failed(), first.state
 
-    prefect_cli("flow-run", "retry", str(run_id))
+    prefect_cli("flow-run", "retry", str(run_id), cwd=ROOT, timeout=300)
     final = wait_final(run_id, after=first.end_time.timestamp())
     assert final.state.is_completed(), final.state
 

@@ -8,9 +8,19 @@ typo fails before anything starts, with the field's dotted path in the message.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+def _non_empty(v: str) -> str:
+    if not v.strip():
+        raise ValueError("must not be empty")
+    return v
+
+
+NonEmptyStr = Annotated[str, AfterValidator(_non_empty)]
+"""A path or name that must not be blank (an empty output_dir would write into the cwd)."""
 
 
 class Strict(BaseModel):
@@ -18,15 +28,8 @@ class Strict(BaseModel):
 
 
 class ModelConfig(Strict):
-    path: str = Field(description="Local HF model directory (config.json, safetensors, tokenizer).")
+    path: NonEmptyStr = Field(description="Local HF model directory (config.json, safetensors, tokenizer).")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-
-    @field_validator("path")
-    @classmethod
-    def _non_empty(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must not be empty")
-        return v
 
 
 class InferenceConfig(Strict):
@@ -118,17 +121,10 @@ class WandbConfig(Strict):
 
 
 class _RunBase(Strict):
-    output_dir: str = "outputs/run"
+    output_dir: NonEmptyStr = "outputs/run"
     seed: int = 0
     max_steps: int = Field(20, ge=1)
     model: ModelConfig
-
-    @field_validator("output_dir")
-    @classmethod
-    def _output_dir(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must not be empty")
-        return v
 
 
 class BenchConfig(Strict):
@@ -240,7 +236,7 @@ class RLConfig(_RunBase):
 
 
 class SFTDataConfig(Strict):
-    path: str = Field(description="Local .jsonl or .parquet file.")
+    path: NonEmptyStr = Field(description="Local .jsonl or .parquet file.")
     format: Literal["auto", "chat", "prompt_completion"] = Field(
         "auto",
         description="auto: `messages` in the first row = chat, `prompt`/`completion` = prompt_completion.",
@@ -249,13 +245,6 @@ class SFTDataConfig(Strict):
     micro_batch_size: int = Field(32, ge=1, description="Sequences per forward/backward pass.")
     max_seq_len: int = Field(512, ge=2, description="Longer sequences are truncated (right).")
     shuffle: bool = Field(True, description="A fresh permutation per epoch, from the seed.")
-
-    @field_validator("path")
-    @classmethod
-    def _non_empty(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must not be empty")
-        return v
 
 
 class SFTConfig(_RunBase):

@@ -8,7 +8,6 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from rlfleet.config.checks import check_ports, raise_if
 from rlfleet.config.grid import expand_grid
 from rlfleet.config.models import RLConfig
 from rlfleet.flows.artifacts import artifact_key
@@ -41,9 +40,8 @@ def ablation(base: RLConfig, grid: dict[str, list[Any]]) -> list[dict[str, Any]]
     reported in the table and does not stop the others."""
     log = get_run_logger()
     points = expand_grid(base, grid)
-    for _, _, cfg in points:  # every point checked before the first starts
+    for _, _, cfg in points:  # every point checked (model, output dir, ports, GPUs) before the first starts
         preflight(cfg)
-        raise_if(check_ports(cfg.inference))
     rows = []
     for name, overrides, cfg in points:
         log.info("ablation point %s: %s -> %s", name, overrides, cfg.output_dir)

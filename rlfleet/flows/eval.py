@@ -11,7 +11,7 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
-from rlfleet.config.checks import check_model, raise_if
+from rlfleet.config.checks import check_model, check_ports, raise_if
 from rlfleet.config.models import EvalJobConfig
 from rlfleet.flows.artifacts import artifact_key
 from rlfleet.tasks.eval import evaluate_checkpoint
@@ -19,7 +19,7 @@ from rlfleet.tasks.eval import evaluate_checkpoint
 
 @flow(name="eval", flow_run_name="eval-{config.output_dir}-{config.checkpoint}")
 def eval_flow(config: EvalJobConfig) -> dict[str, Any]:
-    raise_if(check_model(config.model))
+    raise_if(check_model(config.model) + check_ports(config.inference))
     record = evaluate_checkpoint.with_options(
         retries=1, timeout_seconds=config.inference.startup_timeout_s + 600
     )(config)

@@ -60,7 +60,7 @@ def run_rollout(
         healthy_urls, ids, cfg.group_size, cfg.max_tokens, cfg.temperature, cfg.request_timeout_s
     )
     num_replicas = len(healthy_urls())
-    shards: dict[int, list[str]] = {}
+    shards: dict[int, list[dict[str, Any]]] = {}
     rewards = []
     for i, (prompt, pids, samples) in enumerate(zip(prompts, ids, groups, strict=True)):
         for sample in samples:
@@ -76,10 +76,7 @@ def run_rollout(
                 "policy_step": policy_step,
                 "completion": sample.text,
             }
-            shards.setdefault(i % num_replicas, []).append(json.dumps(record))
-    stage = store.staging_dir(step_dir("rollouts", step))
-    for replica, lines in shards.items():
-        (stage / f"replica_{replica}.jsonl").write_text("\n".join(lines) + "\n")
+            shards.setdefault(i % num_replicas, []).append(record)
     meta = {
         "step": step,
         "policy_step": policy_step,
@@ -88,7 +85,18 @@ def run_rollout(
         "reward_std": statistics.pstdev(rewards),
         "reward_max": max(rewards),
     }
-    return store.publish_dir(stage, step_dir("rollouts", step), meta)
+    return publish_rollout(store, step, shards, meta)
+
+
+def publish_rollout(
+    store: RunStore, step: int, shards: dict[int, list[dict[str, Any]]], meta: dict[str, Any]
+) -> dict[str, Any]:
+    """Publish `rollouts/step_N`: one JSONL file of sample records per replica, manifest with `meta`."""
+    rel = step_dir("rollouts", step)
+    stage = store.staging_dir(rel)
+    for replica, records in shards.items():
+        (stage / f"replica_{replica}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return store.publish_dir(stage, rel, meta)
 
 
 def sample_with_healing(

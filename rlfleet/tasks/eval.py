@@ -6,7 +6,6 @@ from typing import Any
 
 from prefect import task
 
-from rlfleet.config.checks import check_ports, raise_if
 from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig
 from rlfleet.inference.pool import get_pool
 from rlfleet.inference.server import launch_replicas, stop_replicas
@@ -46,7 +45,6 @@ def resolve_checkpoint(store: RunStore, which: str | int) -> tuple[int | None, s
 def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
     store = RunStore(cfg.output_dir)
     step, model_dir = resolve_checkpoint(store, cfg.checkpoint)
-    raise_if(check_ports(cfg.inference))
     serve = InferenceJobConfig(
         output_dir=str(store.local_dir / "eval"),  # vLLM logs stay on this machine
         seed=cfg.seed,

@@ -14,13 +14,17 @@ POOL = "rlfleet-local"
 PREFECT_FILE = "deployments/prefect.yaml"
 
 
-def _prefect(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
+def prefect_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float | None = None
+) -> str:
+    """Run the `prefect` CLI of this interpreter non-interactively; its stdout, or an error with both streams."""
     proc = subprocess.run(
         [sys.executable, "-m", "prefect", "--no-prompt", *args],
         capture_output=True,
         text=True,
         env=env,
         cwd=cwd,
+        timeout=timeout,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"prefect {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -38,8 +42,8 @@ def deploy(root: Path, pool: str = POOL, prefect_file: str = PREFECT_FILE) -> st
         raise FileNotFoundError(
             f"{root / prefect_file} not found: run `rlfleet deploy` from the rlfleet checkout"
         )
-    _prefect("work-pool", "create", pool, "--type", "process", "--overwrite")
+    prefect_cli("work-pool", "create", pool, "--type", "process", "--overwrite")
     limits = ensure_gpu_limits(visible_gpus())
     env = {**os.environ, "RLFLEET_ROOT": str(root), "RLFLEET_POOL": pool}
-    out = _prefect("deploy", "--all", "--prefect-file", prefect_file, env=env, cwd=root)
+    out = prefect_cli("deploy", "--all", "--prefect-file", prefect_file, env=env, cwd=root)
     return f"work pool {pool}; GPU limits {limits or 'none (no GPU visible)'}\n{out}"
