@@ -21,6 +21,12 @@ class Sample:
     logprobs: list[float]
     text: str
     finish_reason: str
+    replica: str = ""  # URL of the server that sampled it
+
+
+SLOTS_PER_REPLICA = 32
+"""Requests in flight per replica: enough to fill a vLLM batch, few enough that a faster replica
+pulls more of a step's prompts than a slower one."""
 
 
 class SamplingError(TransientError):
@@ -56,7 +62,8 @@ async def _complete(
         ids, lps = choice.get("token_ids"), choice["logprobs"]["token_logprobs"]
         if ids is None or len(ids) != len(lps):
             raise SamplingError(f"{url}: server did not return token ids aligned with logprobs")
-        out.append(Sample(ids, [float(x) for x in lps], choice["text"], choice.get("finish_reason") or ""))
+        finish = choice.get("finish_reason") or ""
+        out.append(Sample(ids, [float(x) for x in lps], choice["text"], finish, url))
     return out
 
 
@@ -67,15 +74,49 @@ async def sample_groups(
     max_tokens: int,
     temperature: float,
     timeout_s: float,
+    slots_per_replica: int = SLOTS_PER_REPLICA,
 ) -> list[list[Sample] | BaseException]:
-    """n samples per prompt, spread round-robin over the replicas (data parallel).
+    """n samples per prompt, each prompt sent to whichever replica has a free slot (data parallel).
 
-    A prompt whose request failed gets its exception instead of samples, so the caller can
-    re-send just the requests a dead replica owed.
+    Replicas pull work as they finish it, so a slower or smaller replica gets less, not a fixed
+    share. A replica that fails a request (transport error, 5xx) is dropped for the rest of the
+    call and that request goes back on the queue for the others. A prompt gets its exception
+    instead of samples only when no replica is left (or the error is deterministic), so the
+    caller can relaunch the pool and re-send just those.
     """
-    async with httpx.AsyncClient(timeout=timeout_s) as client:
-        jobs = [
-            _complete(client, urls[i % len(urls)], ids, n, max_tokens, temperature)
-            for i, ids in enumerate(prompts)
-        ]
-        return list(await asyncio.gather(*jobs, return_exceptions=True))
+    if not urls:
+        raise ValueError("sample_groups: no replica URLs")
+    results: list[list[Sample] | BaseException | None] = [None] * len(prompts)
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(prompts)):
+        queue.put_nowait(i)
+    alive = set(urls)
+    last_error: dict[str, BaseException] = {}
+
+    async def slot(client: httpx.AsyncClient, url: str) -> None:
+        while url in alive:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            try:
+                results[i] = await _complete(client, url, prompts[i], n, max_tokens, temperature)
+            except DeterministicError as exc:
+                results[i] = exc
+            except (httpx.HTTPError, TransientError) as exc:
+                alive.discard(url)
+                last_error[url] = exc
+                queue.put_nowait(i)  # another replica takes it
+
+    async with httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=None)) as client:
+        # Rounds: a request re-queued after the other replicas' slots ran dry is served by the next.
+        while not queue.empty() and alive:
+            await asyncio.gather(
+                *(slot(client, url) for url in list(alive) for _ in range(slots_per_replica))
+            )
+    for i, result in enumerate(results):
+        if result is None:  # every replica failed before this prompt was served
+            cause = next(iter(last_error.values()))
+            results[i] = TransientError(f"no replica left to serve the request; last error: {cause}")
+            results[i].__cause__ = cause
+    return results  # type: ignore[return-value]
