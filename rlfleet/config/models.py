@@ -51,7 +51,12 @@ class OrchestratorConfig(Strict):
     group_size: int = Field(8, ge=2, description="Samples per prompt (GRPO group).")
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, gt=0.0)
-    micro_batch_size: int = Field(32, ge=1, description="Sequences per trainer micro-batch.")
+    micro_batch_size: int = Field(
+        32, ge=1, description="Sequences per trainer micro-batch (packed rows when seq_len > 0)."
+    )
+    seq_len: int = Field(
+        0, ge=0, description="Pack sequences into rows of this many tokens; 0 = one right-padded row each."
+    )
     max_async_level: int = Field(0, ge=0, description="0 = on-policy.")
     request_timeout_s: float = Field(120.0, gt=0)
 
@@ -201,6 +206,11 @@ class RLConfig(_RunBase):
         if o.max_tokens >= i.max_model_len:
             raise ValueError(
                 f"orchestrator.max_tokens ({o.max_tokens}) must be below inference.max_model_len ({i.max_model_len})"
+            )
+        if o.seq_len and o.seq_len < i.max_model_len:
+            raise ValueError(
+                f"orchestrator.seq_len ({o.seq_len}) must be at least inference.max_model_len "
+                f"({i.max_model_len}) so that every sample fits a packed row"
             )
         d = self.deployment
         if d.num_inference_gpus and d.num_inference_gpus != i.num_replicas * i.tensor_parallel_size:

@@ -5,6 +5,9 @@ Layout: `batches/step_N/rank_R/micro_K.safetensors`, tensors aligned to token po
   loss_mask [B, L]      1 where the token at that position was sampled (a completion token)
   old_logprobs [B, L]   the sampler's logprob of that token (0 elsewhere)
   advantages [B]        GRPO advantage of the sequence
+With `orchestrator.seq_len` > 0 sequences are packed instead (rlfleet/trainer/packing.py): rows of
+exactly seq_len tokens holding several sequences, `position_ids [R, L]` restarting at each one, and
+`advantages [R, L]` per token.
 The manifest carries `num_loss_tokens` (the whole step's, for token-level normalization) and the
 orchestrator cursor the trainer stores in its checkpoint.
 """
@@ -20,6 +23,7 @@ from safetensors.torch import load, save_file
 from rlfleet.orchestrator.advantages import grpo_advantages
 from rlfleet.orchestrator.rollout import read_rollout
 from rlfleet.store import RunStore, step_dir
+from rlfleet.trainer.packing import first_fit, pack_rows
 
 
 def pack(records: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -40,6 +44,33 @@ def pack(records: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
         "old_logprobs": old_logprobs,
         "advantages": advantages,
     }
+
+
+def _tokens(r: dict[str, Any]) -> dict[str, list[float]]:
+    p, c = len(r["prompt_ids"]), len(r["completion_ids"])
+    return {
+        "input_ids": r["prompt_ids"] + r["completion_ids"],
+        "loss_mask": [0.0] * p + [1.0] * c,
+        "old_logprobs": [0.0] * p + list(r["logprobs"]),
+        "advantages": [r["advantage"]] * (p + c),
+    }
+
+
+PACK_PAD = {"input_ids": 0, "loss_mask": 0.0, "old_logprobs": 0.0, "advantages": 0.0}
+PACK_DTYPES = {k: torch.long if k == "input_ids" else torch.float32 for k in PACK_PAD}
+
+
+def packed_micro_batches(
+    records: list[dict[str, Any]], pad_id: int, seq_len: int, rows_per_micro: int
+) -> list[dict[str, torch.Tensor]]:
+    """Records packed into rows of `seq_len` tokens, `rows_per_micro` rows per micro-batch."""
+    seqs = [_tokens(r) for r in records]
+    rows = first_fit([len(s["input_ids"]) for s in seqs], seq_len)
+    pad = {**PACK_PAD, "input_ids": pad_id}
+    return [
+        pack_rows(seqs, rows[i : i + rows_per_micro], seq_len, pad, PACK_DTYPES)
+        for i in range(0, len(rows), rows_per_micro)
+    ]
 
 
 def with_advantages(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -63,22 +94,29 @@ def build_batches(
     world_size: int = 1,
     cursor: dict[str, Any] | None = None,
     temperature: float = 1.0,
+    seq_len: int = 0,
 ) -> dict[str, Any]:
-    """Publish `batches/step_N` from `rollouts/step_N`; sequences are dealt round-robin to ranks."""
+    """Publish `batches/step_N` from `rollouts/step_N`; sequences are dealt round-robin to ranks.
+
+    seq_len > 0 packs each rank's sequences into rows of that many tokens."""
     records = with_advantages(read_rollout(store, step))
     stage = store.staging_dir(step_dir("batches", step))
     per_rank = [records[r::world_size] for r in range(world_size)]
     micro_counts = []
     for rank, rank_records in enumerate(per_rank):
         (stage / f"rank_{rank}").mkdir()
-        # Sort by length so padding inside a micro-batch stays small.
-        rank_records = sorted(rank_records, key=lambda r: len(r["prompt_ids"]) + len(r["completion_ids"]))
-        chunks = [
-            rank_records[i : i + micro_batch_size] for i in range(0, len(rank_records), micro_batch_size)
-        ]
-        for k, chunk in enumerate(chunks):
-            save_file(pack(chunk, pad_id), str(stage / f"rank_{rank}" / f"micro_{k}.safetensors"))
-        micro_counts.append(len(chunks))
+        if seq_len:
+            micro = packed_micro_batches(rank_records, pad_id, seq_len, micro_batch_size)
+        else:
+            # Sort by length so padding inside a micro-batch stays small.
+            rank_records = sorted(rank_records, key=lambda r: len(r["prompt_ids"]) + len(r["completion_ids"]))
+            micro = [
+                pack(rank_records[i : i + micro_batch_size], pad_id)
+                for i in range(0, len(rank_records), micro_batch_size)
+            ]
+        for k, tensors in enumerate(micro):
+            save_file(tensors, str(stage / f"rank_{rank}" / f"micro_{k}.safetensors"))
+        micro_counts.append(len(micro))
     meta = {
         "step": step,
         "world_size": world_size,
@@ -89,6 +127,7 @@ def build_batches(
         "policy_steps": sorted({r["policy_step"] for r in records}),
         "cursor": cursor or {"next_step": step + 1},
         "temperature": temperature,
+        "seq_len": seq_len,
     }
     return store.publish_dir(stage, step_dir("batches", step), meta)
 

@@ -100,6 +100,7 @@ def aggregate(cfg: RLConfig, step: int, num_ranks: int = 1) -> dict[str, Any]:
             num_ranks,
             cursor={"next_step": step + 1, "seed": cfg.seed},
             temperature=cfg.orchestrator.temperature,
+            seq_len=cfg.orchestrator.seq_len,
         )
     )
 

@@ -117,12 +117,14 @@ def train_step(
         mb = {k: v.to(device, non_blocking=True) for k, v in mb.items()}
         set_gradient_sync(policy, i == len(mine) - 1)
         # Padding sits only at the right end, so causal attention never looks at it: no mask needed.
+        # Packed rows carry position_ids that restart per sample (trainer/packing.py).
         logprobs, entropy = policy(mb["input_ids"], temperature, mb.get("position_ids"))
         mask = mb["loss_mask"][:, 1:]
+        adv = mb["advantages"]
         loss, stats = grpo_loss(
             logprobs,
             mb["old_logprobs"][:, 1:],
-            mb["advantages"],
+            adv[:, 1:] if adv.dim() == 2 else adv,
             mask,
             num_loss_tokens,
             cfg.clip_low,
