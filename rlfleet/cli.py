@@ -44,16 +44,52 @@ def _rl(argv: Sequence[str]) -> int:
 
 
 def _sft(argv: Sequence[str]) -> int:
+    """The `sft` flow; under torchrun (WORLD_SIZE set) one rank of the engine; `--bench` fake data."""
     from rlfleet.config.models import SFTConfig
+
+    args = _bench_args(argv)
+    cfg = load(SFTConfig, args)
+    if cfg.bench.enabled or "WORLD_SIZE" in os.environ:
+        _as_torchrun(["sft", *argv], _train_gpus(cfg.deployment))
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        if cfg.bench.enabled:
+            from rlfleet.trainer.bench import run_bench
+
+            run_bench(cfg.trainer_job(), loss="sft")
+        else:
+            from rlfleet.trainer.sft import run_sft
+
+            run_sft(cfg, progress=False)
+        return 0
     from rlfleet.trainer.sft import preflight
 
-    cfg = load(SFTConfig, argv)
     preflight(cfg)  # fail in a second, before Prefect starts
     from rlfleet.flows.sft import sft
 
     summary = sft(config=cfg)
     print(json.dumps({k: v for k, v in summary.items() if k != "steps"}, indent=2))
     return 0
+
+
+def _bench_args(argv: Sequence[str]) -> list[str]:
+    """`--bench` is shorthand for `--bench.enabled true`."""
+    args = [a for a in argv if a != "--bench"]
+    return args + ["--bench.enabled", "true"] if len(args) < len(argv) else args
+
+
+def _train_gpus(deployment) -> list[str]:
+    from rlfleet.workers.placement import assign_gpus
+
+    return assign_gpus(deployment)[1]
+
+
+def _as_torchrun(argv: list[str], gpu_ids: list[str]) -> None:
+    """Re-exec this command as torchrun over gpu_ids when there is more than one and we are not a rank."""
+    if len(gpu_ids) > 1 and "WORLD_SIZE" not in os.environ:
+        from rlfleet.trainer.launch import torchrun_cmd
+
+        cmd = torchrun_cmd(len(gpu_ids), argv)
+        os.execve(cmd[0], cmd, {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)})
 
 
 def _inference(argv: Sequence[str]) -> int:
@@ -83,15 +119,8 @@ def _trainer(argv: Sequence[str]) -> int:
     """
     from rlfleet.config.models import TrainerJobConfig
 
-    args = [a for a in argv if a != "--bench"]
-    if len(args) < len(argv):
-        args += ["--bench.enabled", "true"]
-    cfg = load(TrainerJobConfig, args)
-    if len(cfg.gpu_ids) > 1 and "WORLD_SIZE" not in os.environ:
-        from rlfleet.trainer.launch import torchrun_cmd
-
-        cmd = torchrun_cmd(len(cfg.gpu_ids), ["trainer", *argv])
-        os.execve(cmd[0], cmd, {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(cfg.gpu_ids)})
+    cfg = load(TrainerJobConfig, _bench_args(argv))
+    _as_torchrun(["trainer", *argv], cfg.gpu_ids)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if cfg.bench.enabled:
         from rlfleet.trainer.bench import run_bench

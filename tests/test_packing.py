@@ -112,3 +112,23 @@ def test_seq_len_shorter_than_model_len_is_rejected():
         ValueError, match=r"orchestrator.seq_len \(64\) must be at least inference.max_model_len"
     ):
         RLConfig(model={"path": "m"}, orchestrator={"seq_len": 64}, inference={"max_model_len": 128})
+
+
+def test_packed_sft_step_equals_padded(tiny_model):
+    from rlfleet.trainer.sft import sft_step
+    from rlfleet.trainer.sft_data import Example, micro_batches
+    from rlfleet.trainer.sft_data import packed_micro_batches as sft_packed
+
+    rng = random.Random(1)
+    examples = []
+    for _ in range(12):
+        n = rng.randint(4, 20)
+        examples.append(Example([1] + [rng.randrange(3, 128) for _ in range(n - 1)], [0] * 3 + [1] * (n - 3)))
+    results = []
+    for micro in (micro_batches(examples, 4, 0), sft_packed(examples, 2, 40, 0)):
+        torch.manual_seed(0)
+        model = Policy(load_model(str(tiny_model), "float32", torch.device("cpu")))
+        results.append(sft_step(model, make_optimizer(model, TrainerConfig()), micro, 1.0))
+    assert results[0]["loss_tokens"] == results[1]["loss_tokens"] == sum(sum(e.loss_mask) for e in examples)
+    assert abs(results[0]["loss"] - results[1]["loss"]) < 1e-5
+    assert abs(results[0]["grad_norm"] - results[1]["grad_norm"]) < 1e-4

@@ -169,6 +169,32 @@ def test_resumed_training_matches_an_uninterrupted_run(tiny_model, tmp_path):
     assert mean(losses[-2:]) < 0.8 * mean(losses[:2]), losses
 
 
+def test_two_ranks_via_the_flow_match_one_process_and_resume_on_one(
+    prefect_api, tiny_model, tmp_path, monkeypatch
+):
+    """`rlfleet sft` with deployment.num_train_gpus = 2 runs the engine as 2 torchrun ranks (FSDP2 on
+    gloo here: CUDA_VISIBLE_DEVICES only names the devices) on packed rows; its losses equal one
+    process's, and its 2-rank DCP checkpoint resumes in one process."""
+    args = ["--trainer.checkpoint-interval", "2", "--data.pack", "--data.micro-batch-size", "4"]
+    args += ["--trainer.param-dtype", "float32"]
+    ref = run_sft(example_config(tiny_model, tmp_path / "ref", "--max-steps", "6", *args), progress=False)
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "dist"
+    two = [*args, "--max-steps", "4", "--deployment.num-train-gpus", "2", "--trainer.fsdp", "on"]
+    argv = ["sft", "@", str(EXAMPLE / "sft.toml"), "--model.path", str(tiny_model), "--output-dir", str(out)]
+    assert main([*argv, "--data.path", str(EXAMPLE / "sft_repeat.jsonl"), *two]) == 0
+    assert "sft rank 1/2" in (out / "logs" / "sft" / "rank_0.log").read_text()
+    assert len(list((out / "checkpoints" / "step_3" / "dcp").glob("*.distcp"))) == 2  # one shard per rank
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+
+    resumed = run_sft(example_config(tiny_model, out, "--max-steps", "6", *args), progress=False)
+    want = [s["loss"] for s in ref["steps"]]
+    assert want[0] != want[-1]
+    assert [s["loss"] for s in resumed["steps"]] == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
 def test_step_rows_cover_each_epoch_once_and_depend_only_on_seed_and_step():
     n, batch = 10, 4
     first_epochs = [i for step in range(5) for i in step_rows(n, step, batch, seed=0, shuffle=True)]

@@ -254,6 +254,7 @@ class SFTDataConfig(Strict):
     batch_size: int = Field(32, ge=1, description="Sequences per optimizer step.")
     micro_batch_size: int = Field(32, ge=1, description="Sequences per forward/backward pass.")
     max_seq_len: int = Field(512, ge=2, description="Longer sequences are truncated (right).")
+    pack: bool = Field(False, description="Pack sequences into rows of max_seq_len (micro_batch_size rows).")
     shuffle: bool = Field(True, description="A fresh permutation per epoch, from the seed.")
 
 
@@ -263,8 +264,28 @@ class SFTConfig(_RunBase):
     run_name: str | None = None
     data: SFTDataConfig
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    deployment: DeploymentConfig = Field(default_factory=DeploymentConfig)
+    bench: BenchConfig = Field(default_factory=BenchConfig)
     tasks: TaskPolicy = Field(default_factory=TaskPolicy)
+
+    @model_validator(mode="after")
+    def _trainer_only(self) -> SFTConfig:
+        if self.deployment.num_inference_gpus:
+            raise ValueError("deployment.num_inference_gpus: SFT runs no inference; set it to 0")
+        return self
 
     @property
     def name(self) -> str:
         return self.run_name or Path(self.output_dir).name
+
+    def trainer_job(self, gpu_ids: list[str] | None = None) -> TrainerJobConfig:
+        """The trainer's view of this run: same model, trainer keys, seed and bench."""
+        return TrainerJobConfig(
+            output_dir=self.output_dir,
+            seed=self.seed,
+            max_steps=self.max_steps,
+            model=self.model,
+            trainer=self.trainer,
+            bench=self.bench,
+            gpu_ids=gpu_ids or [],
+        )

@@ -1,4 +1,5 @@
-"""The one Prefect task of an SFT run. Thin: the engine loop does the work in this process.
+"""The one Prefect task of an SFT run. Thin: the engine loop does the work (in this process, or
+as torchrun ranks on several GPUs).
 
 A retry calls `run_sft` again, which resumes one step past the latest complete checkpoint, so a
 failed attempt costs at most `checkpoint_interval` steps. The run store, not Prefect's cache,
@@ -12,10 +13,23 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from rlfleet.config.loader import to_toml
 from rlfleet.config.models import SFTConfig
+from rlfleet.store import RunStore
+from rlfleet.trainer.launch import run_torchrun
 from rlfleet.trainer.sft import run_sft
+from rlfleet.workers.placement import assign_gpus
 
 
 @task(name="sft_train", task_run_name="sft_train", cache_policy=NO_CACHE)
 def sft_train(cfg: SFTConfig) -> dict[str, Any]:
-    return run_sft(cfg)
+    """In this process on one device; as torchrun ranks (FSDP2) over deployment.num_train_gpus > 1."""
+    gpus = assign_gpus(cfg.deployment)[1]
+    if len(gpus) <= 1:
+        return run_sft(cfg)
+    store = RunStore(cfg.output_dir)
+    config = store.local_dir / "run" / "sft.toml"  # the ranks read it from this machine's disk
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(to_toml(cfg))
+    run_torchrun(["sft", "@", str(config)], gpus, cfg.output_dir, "sft")
+    return store.read_json("summary.json")

@@ -1,4 +1,5 @@
-"""`rlfleet trainer --bench`: the real train step (FSDP2, levers, GRPO loss) on fake batches.
+"""`rlfleet trainer --bench` / `rlfleet sft --bench`: the real train step (FSDP2, levers, GRPO or
+SFT loss) on fake batches.
 
 No store, no vLLM: random token ids of `bench.seq_len`, warm-up steps (compile, allocator) and
 then measured steps. Reports step time, tokens/s, MFU and peak memory as a rich table and
@@ -15,6 +16,7 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,36 +53,50 @@ def flops_per_token(config: Any, seq_len: int) -> float:
     return 6 * (layers * per_layer + vocab * h) + 12 * layers * heads * hd * seq_len
 
 
-def fake_micro_batches(cfg: TrainerJobConfig, vocab: int, n: int) -> list[dict[str, torch.Tensor]]:
+def fake_micro_batches(
+    cfg: TrainerJobConfig, vocab: int, n: int, loss: str = "grpo"
+) -> list[dict[str, torch.Tensor]]:
     b = cfg.bench
     g = torch.Generator().manual_seed(cfg.seed)
     shape = (b.micro_batch_size, b.seq_len)
-    return [
-        {
+    micro = []
+    for _ in range(n):
+        mb = {
             "input_ids": torch.randint(3, vocab, shape, generator=g),
-            "old_logprobs": torch.full(shape, -math.log(vocab)),
-            "advantages": torch.randn(b.micro_batch_size, generator=g),
             "loss_mask": torch.ones(shape, dtype=torch.long),
         }
-        for _ in range(n)
-    ]
+        if loss == "grpo":
+            mb["old_logprobs"] = torch.full(shape, -math.log(vocab))
+            mb["advantages"] = torch.randn(b.micro_batch_size, generator=g)
+        micro.append(mb)
+    return micro
 
 
-def run_bench(cfg: TrainerJobConfig) -> dict[str, Any]:
+def _step_fn(cfg: TrainerJobConfig, loss: str) -> Callable[..., dict[str, Any]]:
+    if loss == "sft":
+        from rlfleet.trainer.sft import sft_step
+
+        return lambda policy, opt, micro, _, par: sft_step(policy, opt, micro, cfg.trainer.max_grad_norm, par)
+    return lambda policy, opt, micro, n, par: train_step(policy, opt, micro, n, cfg.trainer, 1.0, par)
+
+
+def run_bench(cfg: TrainerJobConfig, loss: str = "grpo") -> dict[str, Any]:
+    """Warm-up then measured steps of the GRPO (`rlfleet trainer`) or SFT (`rlfleet sft`) step."""
     from rlfleet.trainer.worker import build
 
     b = cfg.bench
     par, policy, optimizer = build(cfg, cfg.model.path, random_init=True)
     lm_config = policy.lm.config
-    micro = fake_micro_batches(cfg, lm_config.vocab_size, b.micro_batches * par.world)
+    micro = fake_micro_batches(cfg, lm_config.vocab_size, b.micro_batches * par.world, loss)
     num_loss_tokens = len(micro) * b.micro_batch_size * (b.seq_len - 1)
+    step = _step_fn(cfg, loss)
     cuda = par.device.type == "cuda"
     times, losses = [], []
     for i in range(b.warmup_steps + b.steps):
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        metrics = train_step(policy, optimizer, micro, num_loss_tokens, cfg.trainer, 1.0, par)
+        metrics = step(policy, optimizer, micro, num_loss_tokens, par)
         if cuda:
             torch.cuda.synchronize()
         if i >= b.warmup_steps:
@@ -102,6 +118,7 @@ def run_bench(cfg: TrainerJobConfig) -> dict[str, Any]:
     tc = cfg.trainer
     result = {
         "model": cfg.model.path,
+        "loss": loss,
         "device": torch.cuda.get_device_name(par.device) if cuda else "cpu",
         "world": par.world,
         "seq_len": b.seq_len,
@@ -144,7 +161,7 @@ def print_table(r: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"rlfleet trainer bench: {r['model']} on {r['world']} x {r['device']}")
+    t = Table(title=f"rlfleet {r['loss']} bench: {r['model']} on {r['world']} x {r['device']}")
     for col in ("seq", "tokens/step", "step s", "tokens/s", "MFU", "peak GiB", "levers"):
         t.add_column(col, justify="right" if col != "levers" else "left")
     short = {"activation_checkpointing": "ac", "optimizer_offload": "offload", "lm_head_chunk": "chunk"}

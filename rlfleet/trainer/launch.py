@@ -33,6 +33,26 @@ class TrainerDied(TransientError):
     """The trainer process exited; a relaunch resumes it from the latest checkpoint."""
 
 
+def run_torchrun(argv: list[str], gpu_ids: list[str], output_dir: str, name: str) -> None:
+    """`rlfleet <argv>` as torchrun ranks over `gpu_ids`, to completion (rank 0 logs to
+    `logs/<name>/rank_0.log`). A non-zero exit is a TrainerDied: the engine resumes from its
+    latest checkpoint, so a retry loses at most one checkpoint interval."""
+    out = local_dir(output_dir)
+    proc = ManagedProcess(
+        name=name,
+        cmd=torchrun_cmd(len(gpu_ids), argv),
+        log_path=out / "logs" / name / "rank_0.log",
+        pidfile=out / "run" / f"{name}.pid",
+        env={"CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+    ).start()
+    try:
+        rc = proc.proc.wait()
+    finally:
+        proc.stop()
+    if rc != 0:
+        raise TrainerDied(f"{name} exited with code {rc}; log tail:\n{proc.log_tail()}")
+
+
 class TrainerProcess:
     def __init__(self, cfg: TrainerJobConfig, config_path: Path):
         self.cfg = cfg

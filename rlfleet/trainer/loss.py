@@ -29,11 +29,12 @@ def grpo_loss(
     num_tokens: int,
     clip_low: float = 0.2,
     clip_high: float = 0.28,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clip on every masked token.
 
     logprobs, old_logprobs, mask: [B, T]; advantages: [B] (one per sequence, GRPO) or [B, T].
-    Returns the loss contribution of this micro-batch and summed statistics for logging.
+    Returns the loss contribution of this micro-batch and summed statistics for logging (0-d
+    tensors: reading them is a device sync, so the caller sums them first).
     """
     mask = mask.to(logprobs.dtype)
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
@@ -46,10 +47,10 @@ def grpo_loss(
     with torch.no_grad():
         is_clipped = (clipped < unclipped).to(mask.dtype) * mask
         stats = {
-            "clipped_tokens": float(is_clipped.sum()),
-            "ratio_sum": float((ratio * mask).sum()),
+            "clipped_tokens": is_clipped.sum(),
+            "ratio_sum": (ratio * mask).sum(),
             # k3 estimator of KL(sampler || trainer) on the sampled tokens
-            "mismatch_kl_sum": float(((ratio - 1.0 - log_ratio) * mask).sum()),
+            "mismatch_kl_sum": ((ratio - 1.0 - log_ratio) * mask).sum(),
         }
     return loss, stats
 

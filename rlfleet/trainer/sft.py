@@ -27,13 +27,14 @@ from rlfleet.store import RunStore, step_dir
 from rlfleet.trainer.checkpoint import (
     checkpoint_model_path,
     latest_checkpoint,
-    load_optimizer_state,
+    load_trainer_state,
     prune_checkpoints,
     prune_weights,
     publish_weights,
     save_checkpoint,
 )
 from rlfleet.trainer.loss import sft_loss, token_logprobs
+from rlfleet.trainer.parallel import Parallel, teardown
 from rlfleet.trainer.sft_data import (
     Example,
     check_data,
@@ -44,8 +45,8 @@ from rlfleet.trainer.sft_data import (
     pad_id,
     step_batches,
 )
-from rlfleet.trainer.train import load_model, make_optimizer, pick_device
-from rlfleet.trainer.worker import is_checkpoint_step
+from rlfleet.trainer.train import Policy, accumulate, load_model, optimizer_step
+from rlfleet.trainer.worker import build, is_checkpoint_step
 
 log = logging.getLogger("rlfleet.sft")
 
@@ -62,28 +63,27 @@ def preflight(cfg: SFTConfig) -> None:
 
 
 def sft_step(
-    model: PreTrainedModel,
+    policy: Policy,
     optimizer: torch.optim.Optimizer,
     batches: list[dict[str, torch.Tensor]],
     max_grad_norm: float,
+    par: Parallel | None = None,
 ) -> dict[str, Any]:
-    """Accumulate the step's token-mean NLL over its micro-batches, clip, one optimizer step."""
-    device = next(model.parameters()).device
+    """Accumulate the step's token-mean NLL over its micro-batches, clip, one optimizer step.
+
+    Every rank builds the whole step's micro-batches (a pure function of seed and step) and
+    trains its share, so the normalizer is the step's loss-token count on every rank.
+    """
     start = time.perf_counter()
     n = num_targets(batches)
     optimizer.zero_grad(set_to_none=True)
-    total = 0.0
-    for mb in batches:
-        ids = mb["input_ids"].to(device)
-        logits = model(input_ids=ids).logits[:, :-1]
-        loss = sft_loss(token_logprobs(logits, ids[:, 1:]), mb["loss_mask"][:, 1:].to(device), n)
-        loss.backward()
-        total += float(loss.detach())
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
+    totals = accumulate(
+        policy, batches, lambda mb, lp, _: (sft_loss(lp, mb["loss_mask"][:, 1:], n), {}), par=par
+    )
+    grad_norm = optimizer_step(policy, optimizer, max_grad_norm)
     return {
-        "loss": total,
-        "grad_norm": float(grad_norm),
+        "loss": totals["loss"],
+        "grad_norm": grad_norm,
         "loss_tokens": n,
         "tokens": int(sum(mb["input_ids"].numel() for mb in batches)),
         "train_seconds": time.perf_counter() - start,
@@ -142,37 +142,44 @@ def _discard_after(store: RunStore, start: int) -> None:
 
 
 def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
-    """Train from the latest checkpoint to `max_steps`; returns the summary (also in summary.json)."""
+    """Train from the latest checkpoint to `max_steps`; returns the summary (also in summary.json).
+
+    Under torchrun (WORLD_SIZE > 1) every rank runs this; the model is FSDP2-sharded as the
+    trainer keys say, and only rank 0 writes metrics and the report.
+    """
     t0 = time.perf_counter()
     tc = cfg.trainer
     store = RunStore(cfg.output_dir)
-    device = pick_device(tc.device)
-    if tc.num_threads:
-        torch.set_num_threads(tc.num_threads)
-    torch.manual_seed(cfg.seed)
-
     ckpt = latest_checkpoint(store)
     start = 0 if ckpt is None else ckpt["step"] + 1
-    _discard_after(store, start)
-    if start < cfg.max_steps:
+    if start >= cfg.max_steps:
+        return write_sft_report(store, cfg, time.perf_counter() - t0)
+    path = cfg.model.path if ckpt is None else checkpoint_model_path(store, ckpt["step"])
+    par, policy, optimizer = build(cfg.trainer_job(), path)
+    try:
+        if par.is_main:
+            _discard_after(store, start)
+        par.barrier()
+        if ckpt is not None:
+            load_trainer_state(store, ckpt["step"], policy, optimizer, par.device)
         ds = load_dataset(cfg.data)
         tok = AutoTokenizer.from_pretrained(cfg.model.path)
-        model = load_model(
-            cfg.model.path if ckpt is None else checkpoint_model_path(store, ckpt["step"]),
-            cfg.model.dtype,
-            device,
+        log.info(
+            "sft rank %d/%d on %s: %d %s rows, steps %d..%d",
+            par.rank,
+            par.world,
+            par.device,
+            len(ds),
+            ds.format,
+            start,
+            cfg.max_steps - 1,
         )
-        optimizer = make_optimizer(model, tc)
-        if ckpt is not None:
-            load_optimizer_state(store, ckpt["step"], optimizer, device)
-        log.info("sft on %s: %d %s rows, steps %d..%d", device, len(ds), ds.format, start, cfg.max_steps - 1)
-        with _progress(progress) as bar:
+        with _progress(progress and par.is_main) as bar:
             job = bar.add_task("sft", total=cfg.max_steps, completed=start, loss="-") if bar else None
             for step in range(start, cfg.max_steps):
                 s0 = time.perf_counter()
-                metrics = sft_step(
-                    model, optimizer, step_batches(ds, tok, cfg.data, step, cfg.seed), tc.max_grad_norm
-                )
+                batches = step_batches(ds, tok, cfg.data, step, cfg.seed)
+                metrics = sft_step(policy, optimizer, batches, tc.max_grad_norm, par)
                 metrics.update(
                     step=step,
                     epoch=step * cfg.data.batch_size // len(ds),
@@ -181,23 +188,31 @@ def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
                 )
                 # Metrics first: every step a checkpoint covers has its record; a crash in between
                 # only redoes the step, which rewrites it.
-                store.write_json(f"metrics/step_{step}.json", metrics)
-                log.info(
-                    "step %d: loss %.4f (%d tokens, %.2f s)",
-                    step,
-                    metrics["loss"],
-                    metrics["loss_tokens"],
-                    metrics["seconds"],
-                )
+                if par.is_main:
+                    store.write_json(f"metrics/step_{step}.json", metrics)
+                    log.info(
+                        "step %d: loss %.4f (%d tokens, %.2f s)",
+                        step,
+                        metrics["loss"],
+                        metrics["loss_tokens"],
+                        metrics["seconds"],
+                    )
                 if is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
-                    save_checkpoint(store, step, model, optimizer, {"next_step": step + 1}, cfg.model.path)
-                    prune_checkpoints(store, tc.keep_checkpoints)
+                    save_checkpoint(
+                        store, step, policy, optimizer, {"next_step": step + 1}, cfg.model.path, par
+                    )
+                    if par.is_main:
+                        prune_checkpoints(store, tc.keep_checkpoints)
                 if step == cfg.max_steps - 1:
-                    publish_weights(store, step, model, cfg.model.path)
-                    prune_weights(store, tc.keep_weights)
+                    publish_weights(store, step, policy, cfg.model.path, par)
+                    if par.is_main:
+                        prune_weights(store, tc.keep_weights)
                 if bar:
                     bar.update(job, advance=1, loss=f"{metrics['loss']:.4f}")
-    return write_sft_report(store, cfg, time.perf_counter() - t0)
+        par.barrier()
+    finally:
+        teardown(par)
+    return write_sft_report(store, cfg, time.perf_counter() - t0) if par.is_main else {}
 
 
 def metric_steps(store: RunStore) -> list[int]:

@@ -23,6 +23,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from rlfleet.config.models import SFTDataConfig
+from rlfleet.trainer.packing import first_fit, pack_rows
 
 SUFFIXES = (".jsonl", ".parquet")
 
@@ -210,6 +211,20 @@ def micro_batches(examples: list[Example], size: int, pad_id: int) -> list[dict[
     return [collate(examples[i : i + size], pad_id) for i in range(0, len(examples), size)]
 
 
+def packed_micro_batches(
+    examples: list[Example], rows_per_micro: int, width: int, pad_id: int
+) -> list[dict[str, torch.Tensor]]:
+    """Examples packed into rows of `width` tokens (trainer/packing.py); a sample's first token is
+    never a target, so the shift at a boundary takes no loss across samples."""
+    seqs = [{"input_ids": e.input_ids, "loss_mask": [0, *e.loss_mask[1:]]} for e in examples]
+    rows = first_fit([len(e.input_ids) for e in examples], width)
+    pad, dtypes = {"input_ids": pad_id, "loss_mask": 0}, {"input_ids": torch.long, "loss_mask": torch.long}
+    return [
+        pack_rows(seqs, rows[i : i + rows_per_micro], width, pad, dtypes)
+        for i in range(0, len(rows), rows_per_micro)
+    ]
+
+
 def num_targets(batches: list[dict[str, torch.Tensor]]) -> int:
     """Loss tokens that can be predicted: position 0 has no previous token, so it never counts."""
     return int(sum(int(mb["loss_mask"][:, 1:].sum()) for mb in batches))
@@ -220,6 +235,8 @@ def step_batches(
 ) -> list[dict[str, torch.Tensor]]:
     idx = step_rows(len(ds), step, cfg.batch_size, seed, cfg.shuffle)
     examples = [encode(tok, ds.rows[i], ds.format, cfg.max_seq_len) for i in idx]
+    if cfg.pack:
+        return packed_micro_batches(examples, cfg.micro_batch_size, cfg.max_seq_len, pad_id(tok))
     return micro_batches(examples, cfg.micro_batch_size, pad_id(tok))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -90,6 +91,52 @@ def _grad_norm(total: torch.Tensor) -> float:
     return float(full() if full is not None else total)
 
 
+LossFn = Callable[
+    [dict[str, torch.Tensor], torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, dict[str, torch.Tensor]]
+]
+
+
+def accumulate(
+    policy: Policy,
+    micro_batches: list[dict[str, torch.Tensor]],
+    loss_fn: LossFn,
+    temperature: float = 1.0,
+    par: Parallel | None = None,
+) -> dict[str, float]:
+    """Forward and backward over this rank's micro-batches; the stats summed over all ranks.
+
+    `loss_fn(mb, logprobs, entropy)` gives the micro-batch's loss (already divided by the step's
+    loss-token count) and tensor statistics. Statistics stay on the device until the end, so the
+    host queues micro-batch k+1 while the GPU still runs k: one sync per step, not per micro-batch.
+    With several ranks FSDP averages gradients, so the loss is scaled by the world size to keep
+    the step's gradient the sum over all loss tokens / num_loss_tokens.
+    """
+    device = next(policy.parameters()).device if par is None else par.device
+    world = 1 if par is None or not par.enabled else par.world
+    mine = shard_micro_batches(micro_batches, par)
+    totals: dict[str, torch.Tensor] = {}
+    for i, mb in enumerate(mine):
+        mb = {k: v.to(device, non_blocking=True) for k, v in mb.items()}
+        set_gradient_sync(policy, i == len(mine) - 1)
+        # Padding sits only at the right end, so causal attention never looks at it: no mask needed.
+        # Packed rows carry position_ids that restart per sample (trainer/packing.py).
+        logprobs, entropy = policy(mb["input_ids"], temperature, mb.get("position_ids"))
+        loss, stats = loss_fn(mb, logprobs, entropy)
+        (loss * world if world > 1 else loss).backward()
+        for k, v in {"loss": loss.detach(), **stats}.items():
+            totals[k] = totals[k] + v if k in totals else v.detach().double()
+    keys = sorted(totals)
+    values = torch.stack([totals[k] for k in keys]).tolist() if keys else []
+    return dict(zip(keys, par.sum(values) if par is not None else values, strict=True))
+
+
+def optimizer_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
+    """Clip to `max_grad_norm`, step, and return the pre-clip gradient norm."""
+    grad_norm = _grad_norm(torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm))
+    optimizer.step()
+    return grad_norm
+
+
 def train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -99,26 +146,15 @@ def train_step(
     temperature: float = 1.0,
     par: Parallel | None = None,
 ) -> dict[str, Any]:
-    """Accumulate the token-normalized loss over all micro-batches, clip, one AdamW step.
+    """One GRPO optimizer step: token-normalized loss over all micro-batches, clip, AdamW.
 
-    `model` is a Policy (or a bare HF model, wrapped on the fly). With several ranks each runs its
-    share of the micro-batches; FSDP averages gradients over ranks, so the loss is scaled by the
-    world size to keep the step's gradient the sum over all loss tokens / num_loss_tokens.
+    `model` is a Policy (or a bare HF model, wrapped on the fly).
     """
     policy = model if isinstance(model, Policy) else Policy(model)
-    device = next(policy.parameters()).device if par is None else par.device
-    world = 1 if par is None or not par.enabled else par.world
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    keys = ("loss", "clipped_tokens", "ratio_sum", "mismatch_kl_sum", "entropy_sum")
-    totals = dict.fromkeys(keys, 0.0)
-    mine = shard_micro_batches(micro_batches, par)
-    for i, mb in enumerate(mine):
-        mb = {k: v.to(device, non_blocking=True) for k, v in mb.items()}
-        set_gradient_sync(policy, i == len(mine) - 1)
-        # Padding sits only at the right end, so causal attention never looks at it: no mask needed.
-        # Packed rows carry position_ids that restart per sample (trainer/packing.py).
-        logprobs, entropy = policy(mb["input_ids"], temperature, mb.get("position_ids"))
+
+    def loss_fn(mb, logprobs, entropy):
         mask = mb["loss_mask"][:, 1:]
         adv = mb["advantages"]
         loss, stats = grpo_loss(
@@ -130,16 +166,12 @@ def train_step(
             cfg.clip_low,
             cfg.clip_high,
         )
-        (loss * world if world > 1 else loss).backward()
-        totals["loss"] += float(loss.detach())
-        for k, v in stats.items():
-            totals[k] += v
         if entropy is not None:
-            totals["entropy_sum"] += float((entropy * mask).sum())
-    if par is not None:
-        totals = dict(zip(keys, par.sum([totals[k] for k in keys]), strict=True))
-    grad_norm = _grad_norm(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))
-    optimizer.step()
+            stats["entropy_sum"] = (entropy.detach() * mask).sum()
+        return loss, stats
+
+    totals = accumulate(policy, micro_batches, loss_fn, temperature, par)
+    grad_norm = optimizer_step(policy, optimizer, cfg.max_grad_norm)
     n = max(num_loss_tokens, 1)
     metrics = {
         "loss": totals["loss"],
@@ -150,6 +182,6 @@ def train_step(
         "num_loss_tokens": num_loss_tokens,
         "train_seconds": time.perf_counter() - start,
     }
-    if cfg.lm_head_chunk:
+    if "entropy_sum" in totals:
         metrics["entropy"] = totals["entropy_sum"] / n
     return metrics
