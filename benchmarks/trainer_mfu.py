@@ -33,7 +33,7 @@ FAST = [
     "--trainer.compile",
     "true",
     "--trainer.lm-head-chunk",
-    "2048",
+    "8192",
     "--trainer.reshard-after-forward",
     "false",
 ]
@@ -138,6 +138,12 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--micro-batches", type=int, default=4)
     p.add_argument("--micro-batch-size", type=int, default=1)
+    p.add_argument(
+        "--plain-micro-batch-size",
+        type=int,
+        help="plain transformers' rows per micro-batch (same tokens per step: more micro-batches)",
+    )
+    p.add_argument("--save-config", help="also write the shape's config.json here (for other benches)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--variants", default="fast", choices=sorted(VARIANTS))
@@ -155,10 +161,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for shape in a.shapes.split(","):
             model_dir = str(write_config(Path(tmp) / shape, shape))
+            if a.save_config:
+                write_config(Path(a.save_config) / shape, shape)
             if not a.no_plain:
+                pmbs = a.plain_micro_batch_size or a.micro_batch_size
                 cmd = [sys.executable, __file__, "--plain-only", model_dir, "--out", "-"]
-                cmd += ["--seq", str(a.seq), "--micro-batches", str(a.micro_batches)]
-                cmd += ["--micro-batch-size", str(a.micro_batch_size)]
+                cmd += [
+                    "--seq",
+                    str(a.seq),
+                    "--micro-batches",
+                    str(a.micro_batches * a.micro_batch_size // pmbs),
+                ]
+                cmd += ["--micro-batch-size", str(pmbs)]
                 cmd += ["--warmup", str(a.warmup), "--steps", str(a.steps)]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
