@@ -67,6 +67,11 @@ def replica_env(cfg: InferenceJobConfig, index: int) -> dict[str, str]:
     if cfg.num_gpus:
         tp = cfg.inference.tensor_parallel_size
         env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpu_ids[index * tp : (index + 1) * tp])
+    else:
+        # CPU: the engine in the server's process tree without its own multiprocessing layer.
+        # Measured here (2 cores, tiny model): ready in 32 s instead of 53-78 s, same tokens/s
+        # (2,941 vs 2,988 at 32 x n=8 requests); reload, pause and resume answer the same.
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env
 
 
