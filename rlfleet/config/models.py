@@ -52,7 +52,11 @@ class OrchestratorConfig(Strict):
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, gt=0.0)
     micro_batch_size: int = Field(32, ge=1, description="Sequences per trainer micro-batch.")
-    max_async_level: int = Field(0, ge=0, description="0 = on-policy.")
+    max_async_level: int = Field(
+        0,
+        ge=0,
+        description="Rollouts for step N may use weights from step >= N-1-k (k=0: on-policy, N-1).",
+    )
     request_timeout_s: float = Field(120.0, gt=0)
 
 
@@ -75,6 +79,12 @@ class TrainerConfig(Strict):
     clip_low: float = Field(0.2, ge=0.0, le=1.0)
     clip_high: float = Field(0.28, ge=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
+    mask_ratio_low: float = Field(
+        0.125, ge=0.0, description="Tokens with trainer/sampler ratio below this leave the loss."
+    )
+    mask_ratio_high: float = Field(
+        8.0, gt=1.0, description="Tokens with trainer/sampler ratio above this leave the loss."
+    )
     checkpoint_interval: int = Field(5, ge=1, description="Checkpoint every k steps (and the last).")
     keep_weights: int = Field(3, ge=1, description="Weight snapshots kept for broadcast.")
     keep_checkpoints: int = Field(
@@ -196,8 +206,6 @@ class RLConfig(_RunBase):
     @model_validator(mode="after")
     def _consistent(self) -> RLConfig:
         o, i = self.orchestrator, self.inference
-        if o.max_async_level != 0:
-            raise ValueError("orchestrator.max_async_level: only 0 (on-policy) is implemented so far")
         if o.max_tokens >= i.max_model_len:
             raise ValueError(
                 f"orchestrator.max_tokens ({o.max_tokens}) must be below inference.max_model_len ({i.max_model_len})"

@@ -110,7 +110,7 @@ def train_step(
     world = 1 if par is None or not par.enabled else par.world
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    keys = ("loss", "clipped_tokens", "ratio_sum", "mismatch_kl_sum", "entropy_sum")
+    keys = ("loss", "clipped_tokens", "masked_tokens", "ratio_sum", "mismatch_kl_sum", "entropy_sum")
     totals = dict.fromkeys(keys, 0.0)
     mine = shard_micro_batches(micro_batches, par)
     for i, mb in enumerate(mine):
@@ -127,6 +127,8 @@ def train_step(
             num_loss_tokens,
             cfg.clip_low,
             cfg.clip_high,
+            cfg.mask_ratio_low,
+            cfg.mask_ratio_high,
         )
         (loss * world if world > 1 else loss).backward()
         totals["loss"] += float(loss.detach())
@@ -143,6 +145,7 @@ def train_step(
         "loss": totals["loss"],
         "grad_norm": grad_norm,
         "clip_frac": totals["clipped_tokens"] / n,
+        "mask_frac": totals["masked_tokens"] / n,
         "ratio_mean": totals["ratio_sum"] / n,
         "mismatch_kl": totals["mismatch_kl_sum"] / n,
         "num_loss_tokens": num_loss_tokens,
