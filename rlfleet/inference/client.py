@@ -10,20 +10,34 @@ class WeightUpdateError(RuntimeError):
 
 
 def reload_weights(url: str, weights_path: str, timeout_s: float = 300.0) -> None:
-    """Load `weights_path` (an HF safetensors dir) into the running server and drop its prefix cache,
-    whose KV entries were computed with the old weights."""
+    """Pause -> reload -> resume: load `weights_path` (an HF safetensors dir, already fully
+    published and verified by the caller) into the running server and drop its prefix cache, whose
+    KV entries were computed with the old weights.
+
+    `/pause?mode=wait` lets requests in flight finish on the old weights (they were recorded with
+    the old version) and holds new ones until `/resume`, so no sample mixes two weight versions.
+    The stall is the reload alone: fetching and verifying happen before the pause."""
     with httpx.Client(timeout=timeout_s) as client:
-        resp = client.post(
-            f"{url}/collective_rpc",
-            json={"method": "reload_weights", "kwargs": {"weights_path": weights_path}},
-        )
-        if resp.status_code != 200:
-            raise WeightUpdateError(
-                f"{url}: reload_weights failed: HTTP {resp.status_code}: {resp.text[:500]}"
-            )
-        resp = client.post(f"{url}/reset_prefix_cache")
-        if resp.status_code != 200:
-            raise WeightUpdateError(f"{url}: reset_prefix_cache failed: HTTP {resp.status_code}")
+        _post(client, f"{url}/pause", params={"mode": "wait"})
+        try:
+            _reload(client, url, weights_path)
+        finally:
+            _post(client, f"{url}/resume")
+
+
+def _post(client: httpx.Client, url: str, **kwargs) -> None:
+    resp = client.post(url, **kwargs)
+    if resp.status_code != 200:
+        raise WeightUpdateError(f"{url} failed: HTTP {resp.status_code}: {resp.text[:500]}")
+
+
+def _reload(client: httpx.Client, url: str, weights_path: str) -> None:
+    _post(
+        client,
+        f"{url}/collective_rpc",
+        json={"method": "reload_weights", "kwargs": {"weights_path": weights_path}},
+    )
+    _post(client, f"{url}/reset_prefix_cache")
 
 
 def prompt_logprobs(url: str, prompt_ids: list[int], timeout_s: float = 60.0) -> list[float]:

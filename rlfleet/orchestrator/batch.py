@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from safetensors.torch import load, save_file
 
+from rlfleet.errors import DeterministicError
 from rlfleet.orchestrator.advantages import grpo_advantages
-from rlfleet.orchestrator.rollout import read_rollout
+from rlfleet.orchestrator.rollout import read_rollout, staleness
 from rlfleet.store import RunStore, step_dir
 
 
@@ -63,9 +64,19 @@ def build_batches(
     world_size: int = 1,
     cursor: dict[str, Any] | None = None,
     temperature: float = 1.0,
+    max_async_level: int | None = None,
 ) -> dict[str, Any]:
-    """Publish `batches/step_N` from `rollouts/step_N`; sequences are dealt round-robin to ranks."""
+    """Publish `batches/step_N` from `rollouts/step_N`; sequences are dealt round-robin to ranks.
+
+    Every record carries the weight version that sampled it; the batch records the step's
+    staleness range and refuses (a bug upstream, never retried) samples older than `max_async_level`.
+    """
     records = with_advantages(read_rollout(store, step))
+    stale = [staleness(step, r["policy_step"]) for r in records]
+    if max_async_level is not None and not all(0 <= s <= max_async_level for s in stale):
+        raise DeterministicError(
+            f"rollouts/step_{step}: staleness {min(stale)}..{max(stale)} outside 0..{max_async_level}"
+        )
     stage = store.staging_dir(step_dir("batches", step))
     per_rank = [records[r::world_size] for r in range(world_size)]
     micro_counts = []
@@ -87,6 +98,7 @@ def build_batches(
         "num_loss_tokens": sum(len(r["completion_ids"]) for r in records),
         "reward_mean": statistics.fmean(r["reward"] for r in records),
         "policy_steps": sorted({r["policy_step"] for r in records}),
+        "max_staleness": max(stale),
         "cursor": cursor or {"next_step": step + 1},
         "temperature": temperature,
     }

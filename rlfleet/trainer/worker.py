@@ -159,7 +159,11 @@ def _train_one(
     if is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
         prune_checkpoints(store, tc.keep_checkpoints)
     metrics.update(
-        step=step, reward_mean=batch_manifest["reward_mean"], step_seconds=time.perf_counter() - t0
+        step=step,
+        reward_mean=batch_manifest["reward_mean"],
+        step_seconds=time.perf_counter() - t0,
+        policy_steps=batch_manifest.get("policy_steps", []),
+        max_staleness=batch_manifest.get("max_staleness", 0),
     )
     store.write_json(f"metrics/step_{step}.json", metrics)
     log.info("step %d: %s", step, {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
