@@ -158,9 +158,13 @@ def _step(
     # `start` on: those must not come back from a retried run's cache.
     kept = dict(opts, refresh_cache=step > start)
     redo = dict(opts, refresh_cache=True)
+    walls: dict[str, float] = {}  # each phase as the flow sees it (benchmarks/control_plane.py)
+    t = time.perf_counter()
     fut = ahead.pop(step, None) or rollout.with_options(**kept).submit(cfg, inf_gpus, step)
     roll = fut.result()
+    t = _lap(walls, "rollout", t)
     aggregate.with_options(**kept)(cfg, step)
+    t = _lap(walls, "aggregate", t)
     trained = train.with_options(**redo).submit(cfg, train_gpus, step)
     # Overlap: sample the next steps on the weights served now while the trainer works on `step`.
     k = cfg.orchestrator.max_async_level
@@ -171,13 +175,16 @@ def _step(
                 cfg, inf_gpus, s, wait_for=before
             )
     metrics = trained.result()
+    t = _lap(walls, "train", t)
     wait(list(ahead.values()))  # broadcast between rollouts, never under one
-    b0 = time.perf_counter()
+    t = _lap(walls, "wait_rollouts", t)
     cast = broadcast_weights.with_options(**opts)(cfg, inf_gpus, step)
-    broadcast_wall = time.perf_counter() - b0
+    t = _lap(walls, "broadcast", t)
     checkpoint.with_options(**redo)(cfg, step)
+    t = _lap(walls, "checkpoint", t)
     if cfg.eval.interval and (step + 1) % cfg.eval.interval == 0:
         evaluate_policy.with_options(**redo)(cfg, inf_gpus, step)
+        _lap(walls, "eval", t)
     record = {
         "step": step,
         "mean_reward": roll["reward_mean"],
@@ -186,10 +193,16 @@ def _step(
         "train_seconds": metrics["train_seconds"],
         "policy_step": roll["policy_step"],
         "max_staleness": metrics.get("max_staleness", 0),
-        # where the time went (benchmarks/control_plane.py): inside vLLM, the trainer, the reload
+        # time inside vLLM, the trainer and the reload, vs each phase's wall in the flow
         "sample_seconds": roll.get("sample_seconds", 0.0),
         "trainer_seconds": metrics.get("step_seconds", 0.0),
         "broadcast_seconds": cast["seconds"],
-        "broadcast_task_seconds": broadcast_wall,
+        "phase_seconds": walls,
     }
     return record, metrics, cast["step"]
+
+
+def _lap(walls: dict[str, float], name: str, since: float) -> float:
+    now = time.perf_counter()
+    walls[name] = now - since
+    return now

@@ -10,6 +10,7 @@ weights) are never cached: the processes die with the controller.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import task
@@ -123,8 +124,13 @@ def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
 
 @task(name="broadcast_weights", task_run_name="broadcast_weights-{step}", cache_policy=NO_CACHE)
 def broadcast_weights(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
+    """Verify (and stage) the newest published weights first, then pause -> reload -> resume."""
     pool = get_pool(cfg.inference_job(gpu_ids))
-    return pool.broadcast(*newest_weights(_store(cfg), step))
+    t0 = time.perf_counter()
+    weights = newest_weights(_store(cfg), step)
+    fetch = time.perf_counter() - t0
+    out = pool.broadcast(*weights)
+    return {**out, "fetch_seconds": fetch, "seconds": out["seconds"] + fetch}
 
 
 @task(name="checkpoint", task_run_name="checkpoint-{step}", cache_key_fn=step_key)
