@@ -51,14 +51,22 @@ def one_shape(tmp: Path, name: str, reps: int) -> dict:
             t1 = time.perf_counter()
             got, path = newest_weights(store, step)
             t2 = time.perf_counter()
-            reload_weights(url, path)
+            calls = reload_weights(url, path)
             t3 = time.perf_counter()
             copy_dir = tmp / name / f"copy_{step}"
             shutil.copytree(path, copy_dir)
             t4 = time.perf_counter()
             shutil.rmtree(copy_dir)
             assert got == step
-            rows.append({"save_s": t1 - t0, "verify_s": t2 - t1, "reload_s": t3 - t2, "copy_s": t4 - t3})
+            rows.append(
+                {
+                    "save_s": t1 - t0,
+                    "verify_s": t2 - t1,
+                    "reload_s": t3 - t2,
+                    "copy_s": t4 - t3,
+                    "calls": calls,
+                }
+            )
     finally:
         pool.shutdown()
     nbytes = sum(f["size"] for f in manifest["files"].values())
@@ -73,6 +81,7 @@ def one_shape(tmp: Path, name: str, reps: int) -> dict:
         **rate,
         "broadcast_over_copy": rate["broadcast_mb_s"] / rate["copy_mb_s"],
         "reload_over_copy": rate["reload_mb_s"] / rate["copy_mb_s"],
+        "median_calls_s": {c: median([r["calls"][c] for r in timed]) for c in rows[0]["calls"]},
         "rows": rows,
     }
 

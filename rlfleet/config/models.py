@@ -40,6 +40,9 @@ class InferenceConfig(Strict):
     max_model_len: int = Field(512, ge=16)
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
     cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU hosts.")
+    cpu_threads_bind: str = Field(
+        "", description="VLLM_CPU_OMP_THREADS_BIND on CPU hosts (e.g. '0' or '0-3'); empty = vLLM's auto."
+    )
     enforce_eager: bool = True
     startup_timeout_s: float = Field(600.0, gt=0)
     extra_args: list[str] = Field(default_factory=list)

@@ -42,14 +42,14 @@ class InferencePool:
     def broadcast(self, step: int, weights_path: str) -> dict[str, Any]:
         """Reload `weights_path` in place on every replica; returns a small manifest."""
         start = time.perf_counter()
-        for url in self.ensure():
-            reload_weights(url, weights_path)
+        calls = [reload_weights(url, weights_path) for url in self.ensure()]
         self.policy_step, self.weights_path = step, weights_path
         return {
             "step": step,
             "weights_path": weights_path,
             "replicas": self.urls,
             "seconds": time.perf_counter() - start,
+            "calls": calls,
         }
 
     def shutdown(self) -> None:

@@ -64,6 +64,8 @@ def replica_env(cfg: InferenceJobConfig, index: int) -> dict[str, str]:
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
     }
+    if cfg.inference.cpu_threads_bind and not cfg.num_gpus:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.inference.cpu_threads_bind
     if cfg.num_gpus:
         tp = cfg.inference.tensor_parallel_size
         env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpu_ids[index * tp : (index + 1) * tp])

@@ -70,12 +70,18 @@ def run_rollout(
     tok = load_tokenizer(model_path)
     prompts = env.prompts(step, cfg.batch_size, seed)
     ids = [prompt_ids(tok, p, env.chat) for p in prompts]
+    seen: list[str] = []
+
+    def urls() -> list[str]:  # remembers the last answer: no second health check just to count
+        seen[:] = healthy_urls()
+        return seen
+
     t0 = time.perf_counter()
     groups = sample_with_healing(
-        healthy_urls, ids, cfg.group_size, cfg.max_tokens, cfg.temperature, cfg.request_timeout_s
+        urls, ids, cfg.group_size, cfg.max_tokens, cfg.temperature, cfg.request_timeout_s
     )
     sample_seconds = time.perf_counter() - t0
-    num_replicas = len(healthy_urls())
+    num_replicas = len(seen)
     shards: dict[int, list[dict[str, Any]]] = {}
     rewards = []
     for i, (prompt, pids, samples) in enumerate(zip(prompts, ids, groups, strict=True)):
