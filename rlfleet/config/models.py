@@ -95,7 +95,9 @@ class TrainerConfig(Strict):
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch's default.")
-    poll_interval_s: float = Field(0.05, gt=0)
+    poll_interval_s: float = Field(
+        0.01, gt=0, description="How often the trainer and the train task look for their file (local store)."
+    )
     # GPU scale (rlfleet/trainer/parallel.py); a single CPU process ignores all of these but lm_head_chunk.
     fsdp: Literal["auto", "on", "off"] = Field("auto", description="auto = FSDP2 on a GPU or >1 rank.")
     param_dtype: Literal["bfloat16", "float32", "model"] = Field(

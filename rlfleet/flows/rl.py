@@ -4,8 +4,8 @@ The flow holds no tensors: tasks return manifests and the data moves through the
 rerun with the same output_dir resumes one step past the latest complete checkpoint.
 
 Async off-policy (`orchestrator.max_async_level` = k > 0): while the trainer works on step N,
-rollouts for N+1..N+k run as task futures on the weights the pool holds, as long as those are
-within k of each rollout's on-policy weights (N-1 for step N). Rollouts and broadcasts are
+rollouts (and their aggregation into batches) for N+1..N+k run as task futures on the weights the
+pool holds, as long as those are within k of each rollout's on-policy weights (N-1 for step N). Rollouts and broadcasts are
 serialized on the pool: weights N are broadcast once train N is done and no rollout is in flight,
 so every sample records exactly the version that produced it. k = 0 submits nothing ahead.
 """
@@ -90,7 +90,7 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
         store.local_dir / "wandb",  # wandb writes a local dir; a remote store's is the cache
         cfg.model_dump(mode="json"),
     )
-    ahead: dict[int, PrefectFuture] = {}  # rollouts submitted for later steps (k > 0)
+    ahead: dict[int, tuple[PrefectFuture, PrefectFuture]] = {}  # (rollout, aggregate) of later steps
     try:
         served = start - 1  # the weight version the pool holds
         if start < cfg.max_steps:
@@ -122,7 +122,7 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
                 )
     finally:
         shutdown_pool(cfg.output_dir)  # a rollout still in flight fails fast: the pool is closed
-        wait(list(ahead.values()), timeout=60)
+        wait([f for pair in ahead.values() for f in pair], timeout=60)
         stop_trainer(cfg.output_dir)
         sync_logs(store)
         release_run_lock(store)
@@ -149,7 +149,7 @@ def _step(
     step: int,
     start: int,
     served: int,
-    ahead: dict[int, PrefectFuture],
+    ahead: dict[int, tuple[PrefectFuture, PrefectFuture]],
 ) -> tuple[dict[str, Any], dict[str, Any], int]:
     """One step; returns its record, the trainer's metrics and the weight version now served."""
     s0 = time.perf_counter()
@@ -160,23 +160,28 @@ def _step(
     redo = dict(opts, refresh_cache=True)
     walls: dict[str, float] = {}  # each phase as the flow sees it (benchmarks/control_plane.py)
     t = time.perf_counter()
-    fut = ahead.pop(step, None) or rollout.with_options(**kept).submit(cfg, inf_gpus, step)
+    if step in ahead:
+        fut, agg = ahead.pop(step)
+    else:
+        fut = rollout.with_options(**kept).submit(cfg, inf_gpus, step)
+        agg = aggregate.with_options(**kept).submit(cfg, step, wait_for=[fut])
     roll = fut.result()
     t = _lap(walls, "rollout", t)
-    aggregate.with_options(**kept)(cfg, step)
+    agg.result()
     t = _lap(walls, "aggregate", t)
     trained = train.with_options(**redo).submit(cfg, train_gpus, step)
-    # Overlap: sample the next steps on the weights served now while the trainer works on `step`.
+    # Overlap: sample (and batch) the next steps on the weights served now while the trainer
+    # works on `step`; the trainer takes batch N+1 as soon as it is published.
     k = cfg.orchestrator.max_async_level
     for s in range(step + 1, min(step + k, cfg.max_steps - 1) + 1):
         if s not in ahead and usable(s, served, k):
-            before = [ahead[s - 1]] if s - 1 in ahead else None  # one rollout at a time on the pool
-            ahead[s] = rollout.with_options(**dict(opts, refresh_cache=s > start)).submit(
-                cfg, inf_gpus, s, wait_for=before
-            )
+            before = [ahead[s - 1][0]] if s - 1 in ahead else None  # one rollout at a time on the pool
+            later = dict(opts, refresh_cache=s > start)
+            r = rollout.with_options(**later).submit(cfg, inf_gpus, s, wait_for=before)
+            ahead[s] = (r, aggregate.with_options(**later).submit(cfg, s, wait_for=[r]))
     metrics = trained.result()
     t = _lap(walls, "train", t)
-    wait(list(ahead.values()))  # broadcast between rollouts, never under one
+    wait([r for r, _ in ahead.values()])  # broadcast between rollouts, never under one
     t = _lap(walls, "wait_rollouts", t)
     cast = broadcast_weights.with_options(**opts)(cfg, inf_gpus, step)
     t = _lap(walls, "broadcast", t)

@@ -40,10 +40,16 @@ def is_checkpoint_step(step: int, interval: int, max_steps: int) -> bool:
     return (step + 1) % interval == 0 or step == max_steps - 1
 
 
+def poll_interval(store: RunStore, poll_s: float) -> float:
+    """A local stat is cheap, so poll often (every poll is latency added to the step); an object
+    store answers each poll with a request, so at most 20 a second there."""
+    return poll_s if store.is_local else max(poll_s, 0.05)
+
+
 def wait_for_batch(store: RunStore, step: int, poll_s: float) -> None:
     rel = step_dir("batches", step)
     while store.manifest(rel) is None:
-        time.sleep(poll_s)
+        time.sleep(poll_interval(store, poll_s))
 
 
 ERROR_FILE = "run/trainer_error.json"
