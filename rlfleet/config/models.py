@@ -95,6 +95,9 @@ class TrainerConfig(Strict):
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch's default.")
+    cpu_affinity: list[int] = Field(
+        default_factory=list, description="CPUs the trainer process runs on (sched_setaffinity); empty = any."
+    )
     poll_interval_s: float = Field(
         0.01, gt=0, description="How often the trainer and the train task look for their file (local store)."
     )

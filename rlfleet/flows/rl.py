@@ -198,6 +198,8 @@ def _step(
         "train_seconds": metrics["train_seconds"],
         "policy_step": roll["policy_step"],
         "max_staleness": metrics.get("max_staleness", 0),
+        "clip_frac": metrics.get("clip_frac", 0.0),  # stale samples show up here and in mask_frac
+        "mask_frac": metrics.get("mask_frac", 0.0),
         # time inside vLLM, the trainer and the reload, vs each phase's wall in the flow
         "sample_seconds": roll.get("sample_seconds", 0.0),
         "trainer_seconds": metrics.get("step_seconds", 0.0),

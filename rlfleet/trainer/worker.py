@@ -92,6 +92,8 @@ def build(
     par = setup(tc, pick_device(tc.device))
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
+    if tc.cpu_affinity:  # keep off the cores vLLM is bound to (inference.cpu_threads_bind)
+        os.sched_setaffinity(0, tc.cpu_affinity)
     torch.manual_seed(cfg.seed)
     # Sharded: load on CPU; fully_shard moves each rank's shard to its GPU (or keeps it on CPU: offload).
     device = torch.device("cpu") if par.enabled else par.device
