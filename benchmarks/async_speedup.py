@@ -18,7 +18,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from common import median, rl_config, run_rl, table, tiny_model, write
+from common import CpuSampler, median, rl_config, run_rl, table, tiny_model, write
 
 
 def main() -> None:
@@ -61,7 +61,8 @@ def main() -> None:
                 str(k),
                 *extra,
             )
-            records, wall = run_rl(cfg)
+            with CpuSampler() as cpu:
+                records, wall = run_rl(cfg)
             timed = records[a.warmup :]
             secs = sum(r["step_seconds"] for r in timed)
             results["runs"][k] = {
@@ -71,6 +72,8 @@ def main() -> None:
                 "median_trainer_s": median([r["trainer_seconds"] for r in timed]),
                 "median_broadcast_s": median([r["broadcast_seconds"] for r in timed]),
                 "max_staleness": max(r["max_staleness"] for r in records),
+                # all processes on the box, steady-state steps only: the headroom overlap can use
+                "busy_cpus": cpu.busy_cpus(records[a.warmup - 1]["finished_at"], records[-1]["finished_at"]),
                 "flow_wall_s": wall,
                 "last3_reward": sum(r["mean_reward"] for r in records[-3:]) / 3,
                 "mean_clip_frac": sum(r["clip_frac"] for r in records) / len(records),
@@ -84,7 +87,17 @@ def main() -> None:
     write(a.out, results)
     table(
         f"async off-policy, model {a.hidden}x{a.layers}, {a.steps} steps ({a.warmup} warm-up left out){' pinned' if a.pin else ''}",
-        ["k", "steps/min", "step s", "sampling s", "trainer s", "broadcast s", "max staleness", "x k=0"],
+        [
+            "k",
+            "steps/min",
+            "step s",
+            "sampling s",
+            "trainer s",
+            "broadcast s",
+            "busy CPUs",
+            "staleness",
+            "x k=0",
+        ],
         [
             [
                 k,
@@ -93,6 +106,7 @@ def main() -> None:
                 r["median_sample_s"],
                 r["median_trainer_s"],
                 r["median_broadcast_s"],
+                r["busy_cpus"],
                 r["max_staleness"],
                 r["steps_per_min"] / runs[0]["steps_per_min"] if 0 in runs else "-",
             ]

@@ -101,3 +101,41 @@ def run_rl(cfg: RLConfig) -> tuple[list[dict[str, Any]], float]:
     if not state.is_completed():
         raise RuntimeError(f"flow failed: {state}")
     return step_records(RunStore(cfg.output_dir)), wall
+
+
+class CpuSampler:
+    """Busy CPUs over time from /proc/stat (all processes: vLLM, trainer, controller, Prefect,
+    other tenants), sampled every `period` s in a thread; `busy_cpus(t0, t1)` averages a window."""
+
+    def __init__(self, period: float = 0.5):
+        import threading
+
+        self.samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        vals = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        idle = vals[3] + vals[4]  # idle + iowait
+        return sum(vals) - idle, sum(vals)
+
+    def _run(self, period: float) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), *self._read()))
+            self._stop.wait(period)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def busy_cpus(self, t0: float, t1: float) -> float:
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return float("nan")
+        (_, b0, a0), (_, b1, a1) = inside[0], inside[-1]
+        return (b1 - b0) / max(a1 - a0, 1) * (os.cpu_count() or 1)

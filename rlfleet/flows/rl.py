@@ -205,6 +205,7 @@ def _step(
         "trainer_seconds": metrics.get("step_seconds", 0.0),
         "broadcast_seconds": cast["seconds"],
         "phase_seconds": walls,
+        "finished_at": time.time(),
     }
     return record, metrics, cast["step"]
 
