@@ -160,26 +160,32 @@ def _step(
     redo = dict(opts, refresh_cache=True)
     walls: dict[str, float] = {}  # each phase as the flow sees it (benchmarks/control_plane.py)
     t = time.perf_counter()
+    k = cfg.orchestrator.max_async_level
     if step in ahead:
         fut, agg = ahead.pop(step)
-    else:
-        fut = rollout.with_options(**kept).submit(cfg, inf_gpus, step)
-        agg = aggregate.with_options(**kept).submit(cfg, step, wait_for=[fut])
-    roll = fut.result()
-    t = _lap(walls, "rollout", t)
-    agg.result()
+        roll = fut.result()
+        t = _lap(walls, "rollout", t)
+        agg.result()
+    else:  # k = 0, or the first step: called in the flow's thread, exactly as on-policy always was
+        roll = rollout.with_options(**kept)(cfg, inf_gpus, step)
+        t = _lap(walls, "rollout", t)
+        aggregate.with_options(**kept)(cfg, step)
     t = _lap(walls, "aggregate", t)
-    trained = train.with_options(**redo).submit(cfg, train_gpus, step)
-    # Overlap: sample (and batch) the next steps on the weights served now while the trainer
-    # works on `step`; the trainer takes batch N+1 as soon as it is published.
-    k = cfg.orchestrator.max_async_level
-    for s in range(step + 1, min(step + k, cfg.max_steps - 1) + 1):
-        if s not in ahead and usable(s, served, k):
-            before = [ahead[s - 1][0]] if s - 1 in ahead else None  # one rollout at a time on the pool
-            later = dict(opts, refresh_cache=s > start)
-            r = rollout.with_options(**later).submit(cfg, inf_gpus, s, wait_for=before)
-            ahead[s] = (r, aggregate.with_options(**later).submit(cfg, s, wait_for=[r]))
-    metrics = trained.result()
+    if k == 0:
+        metrics = train.with_options(**redo)(cfg, train_gpus, step)
+    else:
+        # Futures run in worker threads, where Prefect cannot enforce timeout_seconds: the train
+        # task's own wait (step_timeout_s) and the sampler's request timeout bound them instead.
+        trained = train.with_options(**dict(redo, timeout_seconds=None)).submit(cfg, train_gpus, step)
+        # Overlap: sample (and batch) the next steps on the weights served now while the trainer
+        # works on `step`; the trainer takes batch N+1 as soon as it is published.
+        for s in range(step + 1, min(step + k, cfg.max_steps - 1) + 1):
+            if s not in ahead and usable(s, served, k):
+                before = [ahead[s - 1][0]] if s - 1 in ahead else None  # one rollout at a time
+                later = dict(opts, refresh_cache=s > start, timeout_seconds=None)
+                r = rollout.with_options(**later).submit(cfg, inf_gpus, s, wait_for=before)
+                ahead[s] = (r, aggregate.with_options(**later).submit(cfg, s, wait_for=[r]))
+        metrics = trained.result()
     t = _lap(walls, "train", t)
     wait([r for r, _ in ahead.values()])  # broadcast between rollouts, never under one
     t = _lap(walls, "wait_rollouts", t)
