@@ -6,6 +6,8 @@ import time
 
 import httpx
 
+from rlfleet.net import tls
+
 
 class WeightUpdateError(RuntimeError):
     pass
@@ -20,7 +22,7 @@ def reload_weights(url: str, weights_path: str, timeout_s: float = 300.0) -> dic
     the old version) and holds new ones until `/resume`, so no sample mixes two weight versions.
     The stall is the reload alone: fetching and verifying happen before the pause."""
     times: dict[str, float] = {}
-    with httpx.Client(timeout=timeout_s) as client:
+    with httpx.Client(timeout=timeout_s, verify=tls()) as client:
         _post(client, f"{url}/pause", times, "pause", params={"mode": "wait"})
         try:
             _post(
@@ -56,6 +58,7 @@ def prompt_logprobs(url: str, prompt_ids: list[int], timeout_s: float = 60.0) ->
             "prompt_logprobs": 0,
         },
         timeout=timeout_s,
+        verify=tls(),
     )
     resp.raise_for_status()
     entries = resp.json()["choices"][0]["prompt_logprobs"][1:]

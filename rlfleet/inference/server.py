@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import httpx
 
 from rlfleet.config.models import InferenceJobConfig
+from rlfleet.net import tls
 from rlfleet.procs import ManagedProcess, python_module_cmd, wait_until
 from rlfleet.store import local_dir
 
@@ -74,7 +75,7 @@ def replica_env(cfg: InferenceJobConfig, index: int) -> dict[str, str]:
 
 def healthy(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
+        return httpx.get(f"{url}/health", timeout=2.0, verify=tls()).status_code == 200
     except httpx.HTTPError:
         return False
 

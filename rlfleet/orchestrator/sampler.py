@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import httpx
 
 from rlfleet.errors import DeterministicError, TransientError
+from rlfleet.net import tls
 
 
 @dataclass
@@ -73,7 +74,7 @@ async def sample_groups(
     A prompt whose request failed gets its exception instead of samples, so the caller can
     re-send just the requests a dead replica owed.
     """
-    async with httpx.AsyncClient(timeout=timeout_s) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, verify=tls()) as client:
         jobs = [
             _complete(client, urls[i % len(urls)], ids, n, max_tokens, temperature)
             for i, ids in enumerate(prompts)
