@@ -29,7 +29,7 @@ def base(tiny_model, tmp_path):
         (["--orchestrator.env", "chess"], "orchestrator.env"),
         (["--orchestrator.batch-size", "-4"], "orchestrator.batch_size"),
         (["--orchestrator.temperature", "0"], "orchestrator.temperature"),
-        (["--orchestrator.max-async-level", "1"], "orchestrator.max_async_level"),
+        (["--orchestrator.max-async-level", "-1"], "orchestrator.max_async_level"),
         (["--trainer.betas", "[0.9, 1.5]"], "trainer.betas"),
         (["--trainer.clip-low", "1.5"], "trainer.clip_low"),
         (["--trainer.lr"], "--trainer.lr needs a value"),

@@ -11,6 +11,7 @@ import torch
 
 from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
+from rlfleet.orchestrator.rollout import read_rollout, staleness
 from rlfleet.store import RunStore
 from tests.conftest import free_port
 
@@ -91,8 +92,11 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
     done = {s: (out / f"rollouts/step_{s}/manifest.json").read_bytes() for s in (0, 1)}
     metrics_before = {s: (out / f"metrics/step_{s}.json").read_bytes() for s in (0, 1)}
 
-    # Same output_dir, more steps: resumes at step 2 and leaves steps 0-1 untouched.
-    state = rl(config=rl_config(tiny_model, out, max_steps=4), return_state=True)
+    # Same output_dir, more steps, now async (k=1): resumes at step 2, leaves steps 0-1 untouched.
+    state = rl(
+        config=rl_config(tiny_model, out, max_steps=4, **{"orchestrator.max-async-level": "1"}),
+        return_state=True,
+    )
     assert state.is_completed(), state
     names = asyncio.run(_task_run_names(state.state_details.flow_run_id))
     assert {"rollout-2", "rollout-3", "train-3"} <= names
@@ -103,7 +107,15 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
     assert "starting at step 2" in (out / "logs/trainer/rank_0.log").read_text()
     summary = json.loads((out / "summary.json").read_text())
     assert [s["step"] for s in summary["steps"]] == [0, 1, 2, 3]
-    assert store.manifest("rollouts/step_3")["policy_step"] == 2
+    # k=0 steps were on-policy; with k=1 rollout 3 ran on weights 1 while the trainer did step 2.
+    assert [store.manifest(f"rollouts/step_{s}")["policy_step"] for s in range(4)] == [-1, 0, 1, 1]
+    for s in range(4):
+        records = read_rollout(store, s)
+        k = 0 if s < 2 else 1
+        assert {r["policy_step"] for r in records} == {store.manifest(f"rollouts/step_{s}")["policy_step"]}
+        assert all(0 <= staleness(s, r["policy_step"]) <= k for r in records)
+        assert json.loads((out / f"metrics/step_{s}.json").read_text())["max_staleness"] == (s == 3)
+    assert [s["max_staleness"] for s in summary["steps"]] == [0, 0, 0, 1]
 
 
 def test_broadcast_changes_served_logprobs(tiny_model, tmp_path):

@@ -108,6 +108,26 @@ def test_grpo_loss_gradient_only_through_unclipped_masked_in_tokens():
     assert grad[1][1] == pytest.approx(0.6)
 
 
+def test_grpo_loss_masks_tokens_with_ratio_out_of_bounds():
+    """Off-policy masking: with bounds [0.6, 1.4] only token (0,1) (ratio 1.1) stays in the loss.
+
+    (0,0) 1.5, (0,2) 0.5, (1,0) 0.5, (1,1) 1.5 are masked whatever PPO's clip would have done;
+    (1,2) is padding and does not count as masked. The normalizer stays the step's 5 tokens:
+    loss = -(1.1 * 1.0) / 5 = -0.22, gradient -1.1/5 on (0,1) and 0 everywhere else.
+    """
+    logprobs, old, adv, mask = _tensors()
+    loss, stats = grpo_loss(logprobs, old, adv, mask, NUM_TOKENS, CLIP_LOW, CLIP_HIGH, 0.6, 1.4)
+    assert loss.item() == pytest.approx(-0.22, abs=1e-9)
+    assert stats["masked_tokens"] == 4.0 and stats["clipped_tokens"] == 0.0
+    loss.backward()
+    grad = logprobs.grad.tolist()
+    assert grad[0][1] == pytest.approx(-0.22)
+    assert [g for row in grad for g in row].count(0.0) == 5
+    # default bounds mask nothing: the plain PPO-clip loss
+    unmasked, stats = grpo_loss(logprobs, old, adv, mask, NUM_TOKENS, CLIP_LOW, CLIP_HIGH, 0.125, 8.0)
+    assert unmasked.item() == pytest.approx(_reference()[0], abs=1e-9) and stats["masked_tokens"] == 0.0
+
+
 def test_grpo_loss_micro_batches_sum_to_full_batch():
     logprobs, old, adv, mask = _tensors()
     full, full_stats = grpo_loss(logprobs, old, adv, mask, NUM_TOKENS, CLIP_LOW, CLIP_HIGH)

@@ -40,6 +40,9 @@ class InferenceConfig(Strict):
     max_model_len: int = Field(512, ge=16)
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
     cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU hosts.")
+    cpu_threads_bind: str = Field(
+        "", description="VLLM_CPU_OMP_THREADS_BIND on CPU hosts (e.g. '0' or '0-3'); empty = vLLM's auto."
+    )
     enforce_eager: bool = True
     startup_timeout_s: float = Field(600.0, gt=0)
     extra_args: list[str] = Field(default_factory=list)
@@ -57,7 +60,11 @@ class OrchestratorConfig(Strict):
     seq_len: int = Field(
         0, ge=0, description="Pack sequences into rows of this many tokens; 0 = one right-padded row each."
     )
-    max_async_level: int = Field(0, ge=0, description="0 = on-policy.")
+    max_async_level: int = Field(
+        0,
+        ge=0,
+        description="Rollouts for step N may use weights from step >= N-1-k (k=0: on-policy, N-1).",
+    )
     request_timeout_s: float = Field(120.0, gt=0)
 
 
@@ -80,6 +87,12 @@ class TrainerConfig(Strict):
     clip_low: float = Field(0.2, ge=0.0, le=1.0)
     clip_high: float = Field(0.28, ge=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
+    mask_ratio_low: float = Field(
+        0.125, ge=0.0, description="Tokens with trainer/sampler ratio below this leave the loss."
+    )
+    mask_ratio_high: float = Field(
+        8.0, gt=1.0, description="Tokens with trainer/sampler ratio above this leave the loss."
+    )
     checkpoint_interval: int = Field(5, ge=1, description="Checkpoint every k steps (and the last).")
     keep_weights: int = Field(3, ge=1, description="Weight snapshots kept for broadcast.")
     keep_checkpoints: int = Field(
@@ -87,7 +100,12 @@ class TrainerConfig(Strict):
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch's default.")
-    poll_interval_s: float = Field(0.05, gt=0)
+    cpu_affinity: list[int] = Field(
+        default_factory=list, description="CPUs the trainer process runs on (sched_setaffinity); empty = any."
+    )
+    poll_interval_s: float = Field(
+        0.01, gt=0, description="How often the trainer and the train task look for their file (local store)."
+    )
     # GPU scale (rlfleet/trainer/parallel.py); a single CPU process ignores all of these but lm_head_chunk.
     fsdp: Literal["auto", "on", "off"] = Field("auto", description="auto = FSDP2 on a GPU or >1 rank.")
     param_dtype: Literal["bfloat16", "float32", "model"] = Field(
@@ -201,8 +219,6 @@ class RLConfig(_RunBase):
     @model_validator(mode="after")
     def _consistent(self) -> RLConfig:
         o, i = self.orchestrator, self.inference
-        if o.max_async_level != 0:
-            raise ValueError("orchestrator.max_async_level: only 0 (on-policy) is implemented so far")
         if o.max_tokens >= i.max_model_len:
             raise ValueError(
                 f"orchestrator.max_tokens ({o.max_tokens}) must be below inference.max_model_len ({i.max_model_len})"

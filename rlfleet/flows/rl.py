@@ -2,6 +2,12 @@
 
 The flow holds no tensors: tasks return manifests and the data moves through the run store. A
 rerun with the same output_dir resumes one step past the latest complete checkpoint.
+
+Async off-policy (`orchestrator.max_async_level` = k > 0): while the trainer works on step N,
+rollouts (and their aggregation into batches) for N+1..N+k run as task futures on the weights the
+pool holds, as long as those are within k of each rollout's on-policy weights (N-1 for step N). Rollouts and broadcasts are
+serialized on the pool: weights N are broadcast once train N is done and no rollout is in flight,
+so every sample records exactly the version that produced it. k = 0 submits nothing ahead.
 """
 
 from __future__ import annotations
@@ -10,12 +16,14 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.futures import PrefectFuture, wait
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlfleet.config.models import RLConfig
 from rlfleet.flows.artifacts import publish_rl_artifacts
 from rlfleet.inference.pool import shutdown_pool
+from rlfleet.orchestrator.rollout import usable
 from rlfleet.report import WandbSink, write_report
 from rlfleet.runs import (
     acquire_run_lock,
@@ -75,7 +83,6 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
     if start:
         log.info("resuming at step %d; discarded %s", start, discard_stale(store, start) or "nothing")
 
-    opts = policy(cfg)
     sink = WandbSink(
         cfg.wandb.mode,
         cfg.wandb.project,
@@ -83,43 +90,28 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
         store.local_dir / "wandb",  # wandb writes a local dir; a remote store's is the cache
         cfg.model_dump(mode="json"),
     )
+    ahead: dict[int, tuple[PrefectFuture, PrefectFuture]] = {}  # (rollout, aggregate) of later steps
     try:
+        served = start - 1  # the weight version the pool holds
         if start < cfg.max_steps:
-            launch_inference_pool.with_options(**policy(cfg, cfg.inference.startup_timeout_s + 60))(
+            served = launch_inference_pool.with_options(**policy(cfg, cfg.inference.startup_timeout_s + 60))(
                 cfg, inf_gpus, start - 1
-            )
+            )["step"]
         with _progress() as bar:
             job = bar.add_task("rl", total=cfg.max_steps, completed=start, reward="-", secs="")
             for step in range(start, cfg.max_steps):
-                s0 = time.perf_counter()
-                # A resume discarded rollouts and batches after `start` and everything the trainer
-                # wrote from `start` on: those must not come back from a retried run's cache.
-                kept = dict(opts, refresh_cache=step > start)
-                redo = dict(opts, refresh_cache=True)
-                roll = rollout.with_options(**kept)(cfg, inf_gpus, step)
-                aggregate.with_options(**kept)(cfg, step)
-                metrics = train.with_options(**redo)(cfg, train_gpus, step)
-                broadcast_weights.with_options(**opts)(cfg, inf_gpus, step)
-                checkpoint.with_options(**redo)(cfg, step)
-                if cfg.eval.interval and (step + 1) % cfg.eval.interval == 0:
-                    evaluate_policy.with_options(**redo)(cfg, inf_gpus, step)
-                record = {
-                    "step": step,
-                    "mean_reward": roll["reward_mean"],
-                    "step_seconds": time.perf_counter() - s0,
-                    "loss": metrics["loss"],
-                    "train_seconds": metrics["train_seconds"],
-                }
+                record, metrics, served = _step(cfg, inf_gpus, train_gpus, step, start, served, ahead)
                 store.write_json(f"steps/step_{step}.json", record)
                 if sink:
                     sink.log(step, {**record, **{f"train/{k}": v for k, v in metrics.items()}})
                 log.info(
-                    "step %d (%d/%d) reward %.3f loss %.4f (%.1f s)",
+                    "step %d (%d/%d) reward %.3f loss %.4f staleness %d (%.1f s)",
                     step,
                     step + 1,
                     cfg.max_steps,
                     record["mean_reward"],
                     record["loss"],
+                    record["max_staleness"],
                     record["step_seconds"],
                 )
                 bar.update(
@@ -129,7 +121,8 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
                     secs=f"{record['step_seconds']:.1f}s/step",
                 )
     finally:
-        shutdown_pool(cfg.output_dir)
+        shutdown_pool(cfg.output_dir)  # a rollout still in flight fails fast: the pool is closed
+        wait([f for pair in ahead.values() for f in pair], timeout=60)
         stop_trainer(cfg.output_dir)
         sync_logs(store)
         release_run_lock(store)
@@ -147,3 +140,83 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
         store.uri("summary.json"),
     )
     return summary
+
+
+def _step(
+    cfg: RLConfig,
+    inf_gpus: list[str],
+    train_gpus: list[str],
+    step: int,
+    start: int,
+    served: int,
+    ahead: dict[int, tuple[PrefectFuture, PrefectFuture]],
+) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """One step; returns its record, the trainer's metrics and the weight version now served."""
+    s0 = time.perf_counter()
+    opts = policy(cfg)
+    # A resume discarded rollouts and batches after `start` and everything the trainer wrote from
+    # `start` on: those must not come back from a retried run's cache.
+    kept = dict(opts, refresh_cache=step > start)
+    redo = dict(opts, refresh_cache=True)
+    walls: dict[str, float] = {}  # each phase as the flow sees it (benchmarks/control_plane.py)
+    t = time.perf_counter()
+    k = cfg.orchestrator.max_async_level
+    if step in ahead:
+        fut, agg = ahead.pop(step)
+        roll = fut.result()
+        t = _lap(walls, "rollout", t)
+        agg.result()
+    else:  # k = 0, or the first step: called in the flow's thread, exactly as on-policy always was
+        roll = rollout.with_options(**kept)(cfg, inf_gpus, step)
+        t = _lap(walls, "rollout", t)
+        aggregate.with_options(**kept)(cfg, step)
+    t = _lap(walls, "aggregate", t)
+    if k == 0:
+        metrics = train.with_options(**redo)(cfg, train_gpus, step)
+    else:
+        # Futures run in worker threads, where Prefect cannot enforce timeout_seconds: the train
+        # task's own wait (step_timeout_s) and the sampler's request timeout bound them instead.
+        trained = train.with_options(**dict(redo, timeout_seconds=None)).submit(cfg, train_gpus, step)
+        # Overlap: sample (and batch) the next steps on the weights served now while the trainer
+        # works on `step`; the trainer takes batch N+1 as soon as it is published.
+        for s in range(step + 1, min(step + k, cfg.max_steps - 1) + 1):
+            if s not in ahead and usable(s, served, k):
+                before = [ahead[s - 1][0]] if s - 1 in ahead else None  # one rollout at a time
+                later = dict(opts, refresh_cache=s > start, timeout_seconds=None)
+                r = rollout.with_options(**later).submit(cfg, inf_gpus, s, wait_for=before)
+                ahead[s] = (r, aggregate.with_options(**later).submit(cfg, s, wait_for=[r]))
+        metrics = trained.result()
+    t = _lap(walls, "train", t)
+    wait([r for r, _ in ahead.values()])  # broadcast between rollouts, never under one
+    t = _lap(walls, "wait_rollouts", t)
+    cast = broadcast_weights.with_options(**opts)(cfg, inf_gpus, step)
+    t = _lap(walls, "broadcast", t)
+    checkpoint.with_options(**redo)(cfg, step)
+    t = _lap(walls, "checkpoint", t)
+    if cfg.eval.interval and (step + 1) % cfg.eval.interval == 0:
+        evaluate_policy.with_options(**redo)(cfg, inf_gpus, step)
+        _lap(walls, "eval", t)
+    record = {
+        "step": step,
+        "mean_reward": roll["reward_mean"],
+        "step_seconds": time.perf_counter() - s0,
+        "loss": metrics["loss"],
+        "train_seconds": metrics["train_seconds"],
+        "policy_step": roll["policy_step"],
+        "max_staleness": metrics.get("max_staleness", 0),
+        "clip_frac": metrics.get("clip_frac", 0.0),  # stale samples show up here and in mask_frac
+        "mask_frac": metrics.get("mask_frac", 0.0),
+        # time inside vLLM, the trainer and the reload, vs each phase's wall in the flow
+        "sample_seconds": roll.get("sample_seconds", 0.0),
+        "trainer_seconds": metrics.get("step_seconds", 0.0),
+        "broadcast_seconds": cast["seconds"],
+        "phase_seconds": walls,
+        "finished_at": time.time(),
+    }
+    return record, metrics, cast["step"]
+
+
+def _lap(walls: dict[str, float], name: str, since: float) -> float:
+    now = time.perf_counter()
+    walls[name] = now - since
+    return now

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from rlfleet.config.models import InferenceJobConfig
+from rlfleet.errors import DeterministicError
 from rlfleet.inference.client import reload_weights
 from rlfleet.inference.server import Replica, healthy, launch_replicas, stop_replicas
 
@@ -21,6 +22,7 @@ class InferencePool:
         self.replicas: list[Replica] = []
         self.policy_step = -1  # weight version the servers hold; -1 = the initial model
         self.weights_path: str | None = None
+        self.closed = False  # after shutdown nothing relaunches (a rollout still in flight must not)
 
     @property
     def urls(self) -> list[str]:
@@ -28,6 +30,8 @@ class InferencePool:
 
     def ensure(self) -> list[str]:
         """Launch missing or dead replicas (with the current weights) and return all URLs."""
+        if self.closed:
+            raise DeterministicError("the inference pool was shut down")
         dead = [r for r in self.replicas if not (r.process.alive() and healthy(r.url))]
         if self.replicas and not dead:
             return self.urls
@@ -38,17 +42,18 @@ class InferencePool:
     def broadcast(self, step: int, weights_path: str) -> dict[str, Any]:
         """Reload `weights_path` in place on every replica; returns a small manifest."""
         start = time.perf_counter()
-        for url in self.ensure():
-            reload_weights(url, weights_path)
+        calls = [reload_weights(url, weights_path) for url in self.ensure()]
         self.policy_step, self.weights_path = step, weights_path
         return {
             "step": step,
             "weights_path": weights_path,
             "replicas": self.urls,
             "seconds": time.perf_counter() - start,
+            "calls": calls,
         }
 
     def shutdown(self) -> None:
+        self.closed = True
         stop_replicas(self.replicas)
         self.replicas = []
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import httpx
 
 from rlfleet.config.models import InferenceJobConfig
+from rlfleet.net import tls
 from rlfleet.procs import ManagedProcess, python_module_cmd, wait_until
 from rlfleet.store import local_dir
 
@@ -64,6 +65,8 @@ def replica_env(cfg: InferenceJobConfig, index: int) -> dict[str, str]:
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
     }
+    if cfg.inference.cpu_threads_bind and not cfg.num_gpus:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.inference.cpu_threads_bind
     if cfg.num_gpus:
         tp = cfg.inference.tensor_parallel_size
         env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpu_ids[index * tp : (index + 1) * tp])
@@ -77,7 +80,7 @@ def replica_env(cfg: InferenceJobConfig, index: int) -> dict[str, str]:
 
 def healthy(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
+        return httpx.get(f"{url}/health", timeout=2.0, verify=tls()).status_code == 200
     except httpx.HTTPError:
         return False
 

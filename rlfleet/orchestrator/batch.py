@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from safetensors.torch import load, save_file
 
+from rlfleet.errors import DeterministicError
 from rlfleet.orchestrator.advantages import grpo_advantages
-from rlfleet.orchestrator.rollout import read_rollout
+from rlfleet.orchestrator.rollout import read_rollout, staleness
 from rlfleet.store import RunStore, step_dir
 from rlfleet.trainer.packing import first_fit, pack_rows
 
@@ -95,11 +96,20 @@ def build_batches(
     cursor: dict[str, Any] | None = None,
     temperature: float = 1.0,
     seq_len: int = 0,
+    max_async_level: int | None = None,
 ) -> dict[str, Any]:
     """Publish `batches/step_N` from `rollouts/step_N`; sequences are dealt round-robin to ranks.
 
-    seq_len > 0 packs each rank's sequences into rows of that many tokens."""
+    seq_len > 0 packs each rank's sequences into rows of that many tokens. Every record carries
+    the weight version that sampled it; the batch records the step's staleness range and refuses
+    (a bug upstream, never retried) samples older than `max_async_level`.
+    """
     records = with_advantages(read_rollout(store, step))
+    stale = [staleness(step, r["policy_step"]) for r in records]
+    if max_async_level is not None and not all(0 <= s <= max_async_level for s in stale):
+        raise DeterministicError(
+            f"rollouts/step_{step}: staleness {min(stale)}..{max(stale)} outside 0..{max_async_level}"
+        )
     stage = store.staging_dir(step_dir("batches", step))
     per_rank = [records[r::world_size] for r in range(world_size)]
     micro_counts = []
@@ -125,6 +135,7 @@ def build_batches(
         "num_loss_tokens": sum(len(r["completion_ids"]) for r in records),
         "reward_mean": statistics.fmean(r["reward"] for r in records),
         "policy_steps": sorted({r["policy_step"] for r in records}),
+        "max_staleness": max(stale),
         "cursor": cursor or {"next_step": step + 1},
         "temperature": temperature,
         "seq_len": seq_len,

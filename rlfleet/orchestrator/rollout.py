@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import statistics
+import time
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -37,6 +38,19 @@ def prompt_ids(tok: PreTrainedTokenizerBase, prompt: Prompt, chat: bool) -> list
     return [tok.bos_token_id, *ids] if tok.bos_token_id is not None else ids
 
 
+def staleness(step: int, policy_step: int) -> int:
+    """Steps between the weights that sampled a rollout and the on-policy ones for `step` (N-1)."""
+    return step - 1 - policy_step
+
+
+def usable(step: int, policy_step: int, max_async_level: int) -> bool:
+    """A rollout sampled by `policy_step` may train step N iff 0 <= staleness <= k.
+
+    k = 0 is on-policy (weights N-1 only); negative staleness (weights from the future, left by
+    a run that went further) is never usable."""
+    return 0 <= staleness(step, policy_step) <= max_async_level
+
+
 def run_rollout(
     store: RunStore,
     step: int,
@@ -56,10 +70,18 @@ def run_rollout(
     tok = load_tokenizer(model_path)
     prompts = env.prompts(step, cfg.batch_size, seed)
     ids = [prompt_ids(tok, p, env.chat) for p in prompts]
+    seen: list[str] = []
+
+    def urls() -> list[str]:  # remembers the last answer: no second health check just to count
+        seen[:] = healthy_urls()
+        return seen
+
+    t0 = time.perf_counter()
     groups = sample_with_healing(
-        healthy_urls, ids, cfg.group_size, cfg.max_tokens, cfg.temperature, cfg.request_timeout_s
+        urls, ids, cfg.group_size, cfg.max_tokens, cfg.temperature, cfg.request_timeout_s
     )
-    num_replicas = len(healthy_urls())
+    sample_seconds = time.perf_counter() - t0
+    num_replicas = len(seen)
     shards: dict[int, list[dict[str, Any]]] = {}
     rewards = []
     for i, (prompt, pids, samples) in enumerate(zip(prompts, ids, groups, strict=True)):
@@ -84,6 +106,8 @@ def run_rollout(
         "reward_mean": statistics.fmean(rewards),
         "reward_std": statistics.pstdev(rewards),
         "reward_max": max(rewards),
+        "sample_seconds": sample_seconds,  # time inside inference (benchmarks/control_plane.py)
+        "num_completion_tokens": sum(len(r["completion_ids"]) for s in shards.values() for r in s),
     }
     return publish_rollout(store, step, shards, meta)
 

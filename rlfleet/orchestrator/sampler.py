@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import httpx
 
 from rlfleet.errors import DeterministicError, TransientError
+from rlfleet.net import tls
 
 
 @dataclass
@@ -108,7 +109,9 @@ async def sample_groups(
                 last_error[url] = exc
                 queue.put_nowait(i)  # another replica takes it
 
-    async with httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=None)) as client:
+    async with httpx.AsyncClient(
+        timeout=timeout_s, limits=httpx.Limits(max_connections=None), verify=tls()
+    ) as client:
         # Rounds: a request re-queued after the other replicas' slots ran dry is served by the next.
         while not queue.empty() and alive:
             await asyncio.gather(

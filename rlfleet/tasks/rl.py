@@ -10,6 +10,7 @@ weights) are never cached: the processes die with the controller.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import task
@@ -19,10 +20,10 @@ from prefect.tasks import exponential_backoff
 from prefect.utilities.hashing import hash_objects
 
 from rlfleet.config.models import RLConfig
-from rlfleet.errors import is_transient
+from rlfleet.errors import DeterministicError, is_transient
 from rlfleet.inference.pool import get_pool
 from rlfleet.orchestrator.batch import build_batches
-from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout
+from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout, usable
 from rlfleet.runs import newest_weights
 from rlfleet.store import RunStore, step_dir
 from rlfleet.tasks.storage import result_storage
@@ -75,11 +76,18 @@ def launch_inference_pool(cfg: RLConfig, gpu_ids: list[str], resume_from: int) -
 
 @task(name="rollout", task_run_name="rollout-{step}", cache_key_fn=step_key)
 def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
+    """Sample step N on the weights the pool serves; a published rollout is reused while its
+    weights are within `max_async_level` of N-1, else redone (and its stale batches dropped)."""
     store = _store(cfg)
+    k = cfg.orchestrator.max_async_level
     existing = store.manifest(step_dir("rollouts", step))
-    if existing is not None and existing["policy_step"] == step - 1:
-        return brief(existing)
+    if existing is not None:
+        if usable(step, existing["policy_step"], k):
+            return brief(existing)
+        store.remove(step_dir("batches", step))
     pool = get_pool(cfg.inference_job(gpu_ids))
+    if not usable(step, pool.policy_step, k):  # the flow schedules rollouts so this cannot happen
+        raise DeterministicError(f"rollout {step} on weights {pool.policy_step}: off-policy beyond k={k}")
     return brief(
         run_rollout(store, step, cfg.orchestrator, cfg.model.path, pool.ensure, cfg.seed, pool.policy_step)
     )
@@ -101,6 +109,7 @@ def aggregate(cfg: RLConfig, step: int, num_ranks: int = 1) -> dict[str, Any]:
             cursor={"next_step": step + 1, "seed": cfg.seed},
             temperature=cfg.orchestrator.temperature,
             seq_len=cfg.orchestrator.seq_len,
+            max_async_level=cfg.orchestrator.max_async_level,
         )
     )
 
@@ -116,8 +125,13 @@ def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
 
 @task(name="broadcast_weights", task_run_name="broadcast_weights-{step}", cache_policy=NO_CACHE)
 def broadcast_weights(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
+    """Verify (and stage) the newest published weights first, then pause -> reload -> resume."""
     pool = get_pool(cfg.inference_job(gpu_ids))
-    return pool.broadcast(*newest_weights(_store(cfg), step))
+    t0 = time.perf_counter()
+    weights = newest_weights(_store(cfg), step)
+    fetch = time.perf_counter() - t0
+    out = pool.broadcast(*weights)
+    return {**out, "fetch_seconds": fetch, "seconds": out["seconds"] + fetch}
 
 
 @task(name="checkpoint", task_run_name="checkpoint-{step}", cache_key_fn=step_key)

@@ -10,7 +10,7 @@ from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import DeterministicError, TransientError
 from rlfleet.procs import ManagedProcess, python_module_cmd
 from rlfleet.store import RunStore, local_dir
-from rlfleet.trainer.worker import read_trainer_error
+from rlfleet.trainer.worker import poll_interval, read_trainer_error
 
 
 def torchrun_cmd(nproc: int, cli_args: list[str]) -> list[str]:
@@ -90,7 +90,7 @@ class TrainerProcess:
                 raise self._death_error(store)
             if time.monotonic() - start > timeout_s:
                 raise TimeoutError(f"trainer step {step} not done after {timeout_s:.0f}s")
-            time.sleep(0.05)
+            time.sleep(poll_interval(store, self.cfg.trainer.poll_interval_s))
         metrics = store.read_json(rel)
         metrics["wait_seconds"] = time.monotonic() - start
         return metrics

@@ -165,6 +165,8 @@ def train_step(
             num_loss_tokens,
             cfg.clip_low,
             cfg.clip_high,
+            cfg.mask_ratio_low,
+            cfg.mask_ratio_high,
         )
         if entropy is not None:
             stats["entropy_sum"] = (entropy.detach() * mask).sum()
@@ -177,6 +179,7 @@ def train_step(
         "loss": totals["loss"],
         "grad_norm": grad_norm,
         "clip_frac": totals["clipped_tokens"] / n,
+        "mask_frac": totals["masked_tokens"] / n,
         "ratio_mean": totals["ratio_sum"] / n,
         "mismatch_kl": totals["mismatch_kl_sum"] / n,
         "num_loss_tokens": num_loss_tokens,

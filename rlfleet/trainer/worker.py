@@ -40,10 +40,16 @@ def is_checkpoint_step(step: int, interval: int, max_steps: int) -> bool:
     return (step + 1) % interval == 0 or step == max_steps - 1
 
 
+def poll_interval(store: RunStore, poll_s: float) -> float:
+    """A local stat is cheap, so poll often (every poll is latency added to the step); an object
+    store answers each poll with a request, so at most 20 a second there."""
+    return poll_s if store.is_local else max(poll_s, 0.05)
+
+
 def wait_for_batch(store: RunStore, step: int, poll_s: float) -> None:
     rel = step_dir("batches", step)
     while store.manifest(rel) is None:
-        time.sleep(poll_s)
+        time.sleep(poll_interval(store, poll_s))
 
 
 ERROR_FILE = "run/trainer_error.json"
@@ -86,6 +92,8 @@ def build(
     par = setup(tc, pick_device(tc.device))
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
+    if tc.cpu_affinity:  # keep off the cores vLLM is bound to (inference.cpu_threads_bind)
+        os.sched_setaffinity(0, tc.cpu_affinity)
     torch.manual_seed(cfg.seed)
     # Sharded: load on CPU; fully_shard moves each rank's shard to its GPU (or keeps it on CPU: offload).
     device = torch.device("cpu") if par.enabled else par.device
@@ -159,7 +167,11 @@ def _train_one(
     if is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
         prune_checkpoints(store, tc.keep_checkpoints)
     metrics.update(
-        step=step, reward_mean=batch_manifest["reward_mean"], step_seconds=time.perf_counter() - t0
+        step=step,
+        reward_mean=batch_manifest["reward_mean"],
+        step_seconds=time.perf_counter() - t0,
+        policy_steps=batch_manifest.get("policy_steps", []),
+        max_staleness=batch_manifest.get("max_staleness", 0),
     )
     store.write_json(f"metrics/step_{step}.json", metrics)
     log.info("step %d: %s", step, {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})

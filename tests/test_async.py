@@ -1,0 +1,77 @@
+"""Async off-policy bookkeeping, without vLLM: the staleness rule, batches that record and enforce
+it, and the rollout task's reuse of a published rollout (valid iff its weights are within k)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlfleet.config.loader import load
+from rlfleet.config.models import RLConfig
+from rlfleet.errors import DeterministicError
+from rlfleet.orchestrator.batch import build_batches
+from rlfleet.orchestrator.rollout import publish_rollout, staleness, usable
+from rlfleet.store import RunStore, step_dir
+
+
+@pytest.mark.parametrize(
+    ("step", "policy_step", "k", "ok"),
+    [
+        (0, -1, 0, True),  # step 0 on the initial weights is on-policy
+        (5, 4, 0, True),
+        (5, 3, 0, False),  # one step stale: only with k >= 1
+        (5, 3, 1, True),
+        (5, 2, 1, False),
+        (5, 2, 2, True),
+        (5, 5, 3, False),  # weights from the future (left by a run that went further)
+    ],
+)
+def test_usable_within_k(step, policy_step, k, ok):
+    assert usable(step, policy_step, k) is ok
+    assert staleness(step, policy_step) == step - 1 - policy_step
+
+
+def _records(policy_steps):
+    return [
+        {
+            "group": i // 2,
+            "prompt_ids": [1, 5, 6],
+            "completion_ids": [7, 8],
+            "logprobs": [-1.0, -2.0],
+            "reward": float(i % 2),
+            "policy_step": p,
+        }
+        for i, p in enumerate(policy_steps)
+    ]
+
+
+def test_batch_records_staleness_and_refuses_beyond_k(tmp_path):
+    store = RunStore(tmp_path / "run")
+    publish_rollout(store, 4, {0: _records([3, 3, 2, 2])}, {"policy_step": 2})
+    with pytest.raises(DeterministicError, match="staleness 0..1 outside 0..0"):
+        build_batches(store, 4, 8, 0, max_async_level=0)
+    manifest = build_batches(store, 4, 8, 0, max_async_level=1)
+    assert manifest["policy_steps"] == [2, 3] and manifest["max_staleness"] == 1
+
+
+def _cfg(tmp_path, k: int) -> RLConfig:
+    args = ["--model.path", str(tmp_path / "model"), "--output-dir", str(tmp_path / "run")]
+    return load(RLConfig, [*args, "--orchestrator.max-async-level", str(k)])
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_rollout_task_reuses_a_published_rollout_only_within_k(tmp_path, k):
+    from rlfleet.tasks.rl import rollout
+
+    cfg = _cfg(tmp_path, k)
+    store = RunStore(cfg.output_dir)
+    publish_rollout(store, 3, {0: _records([1, 1])}, {"step": 3, "policy_step": 1})  # staleness 1
+    build_batches(store, 3, 8, 0)
+    if k == 1:
+        assert rollout.fn(cfg, [], 3)["policy_step"] == 1
+        assert store.manifest(step_dir("batches", 3)) is not None
+        return
+    # k = 0: the rollout is redone; the pool (fresh: initial weights, -1) is too far behind for
+    # step 3, so the task refuses before launching anything, and the stale batches are gone.
+    with pytest.raises(DeterministicError, match="off-policy beyond k=0"):
+        rollout.fn(cfg, [], 3)
+    assert store.manifest(step_dir("batches", 3)) is None
