@@ -1,6 +1,7 @@
 """`rlfleet rl|sft|eval|inference|trainer|model|runs|deploy` — every component runs alone, as in prime-rl.
 
 rlfleet rl @ examples/tiny/rl.toml --orchestrator.batch-size 32
+rlfleet rl @ examples/tiny/rl.toml @ examples/slurm/multi_node.toml [--dry-run]   # a SLURM job (sbatch)
 rlfleet sft @ examples/tiny/sft.toml --data.batch-size 16
 rlfleet inference @ outputs/tiny/configs/inference.toml
 rlfleet trainer @ outputs/tiny/configs/trainer.toml
@@ -26,11 +27,35 @@ from rlfleet.config.loader import ConfigError, load
 USAGE = __doc__
 
 
+def _dry_run(argv: Sequence[str]) -> list[str]:
+    """`--dry-run` is short for `--slurm.dry-run` (it needs a [slurm] block)."""
+    args = [a for a in argv if a != "--dry-run"]
+    return args + ["--slurm.dry-run", "true"] if len(args) < len(argv) else args
+
+
+def _submit(command: str, cfg) -> int:
+    """[slurm]: write the resolved configs and the sbatch script under output_dir; sbatch it unless dry run."""
+    from rlfleet.slurm.commands import SlurmError
+    from rlfleet.slurm.submit import submit
+
+    try:
+        result = submit(command, cfg)
+    except ConfigError:
+        raise
+    except (SlurmError, ValueError) as e:
+        print(f"rlfleet {command}: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def _rl(argv: Sequence[str]) -> int:
     from rlfleet.config.models import RLConfig
     from rlfleet.runs import preflight
 
-    cfg = load(RLConfig, argv)
+    cfg = load(RLConfig, _dry_run(argv))
+    if cfg.slurm is not None:
+        return _submit("rl", cfg)
     if os.environ.get("RLFLEET_S3_CREDENTIALS_BLOCK"):  # S3 credentials from a Prefect block
         from rlfleet.tasks.storage import load_credentials_block
 
@@ -47,7 +72,9 @@ def _sft(argv: Sequence[str]) -> int:
     from rlfleet.config.models import SFTConfig
     from rlfleet.trainer.sft import preflight
 
-    cfg = load(SFTConfig, argv)
+    cfg = load(SFTConfig, _dry_run(argv))
+    if cfg.slurm is not None:
+        return _submit("sft", cfg)
     preflight(cfg)  # fail in a second, before Prefect starts
     from rlfleet.flows.sft import sft
 
@@ -61,7 +88,9 @@ def _inference(argv: Sequence[str]) -> int:
     from rlfleet.config.models import InferenceJobConfig
     from rlfleet.inference.server import launch_replicas, stop_replicas
 
-    cfg = load(InferenceJobConfig, argv)
+    cfg = load(InferenceJobConfig, _dry_run(argv))
+    if cfg.slurm is not None:
+        return _submit("inference", cfg)
     raise_if(check_model(cfg.model) + check_ports(cfg.inference))
     replicas = launch_replicas(cfg)
     print("serving:", " ".join(r.url for r in replicas), flush=True)

@@ -125,7 +125,11 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         self._spawn(
             "munged",
             ["munged", "--foreground", "--force", f"--socket={self.socket}", f"--key-file={m / 'munge.key'}"]
-            + [f"--log-file={m / 'munged.log'}", f"--pid-file={m / 'munged.pid'}", f"--seed-file={m / 'seed'}"],
+            + [
+                f"--log-file={m / 'munged.log'}",
+                f"--pid-file={m / 'munged.pid'}",
+                f"--seed-file={m / 'seed'}",
+            ],
         )
         self._wait(lambda: self.socket.exists(), timeout_s, "munged socket")
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])

@@ -328,8 +328,6 @@ class RLConfig(_RunBase):
             )
         d = self.deployment
         check_slurm_fit(d, self.slurm, "rl")
-        if d.type == "multi_node" and self.slurm is None and not i.urls:
-            raise ValueError("deployment.type: multi_node runs as a SLURM job; add a [slurm] block")
         if d.type == "multi_node" and d.gpus_per_node and d.gpus_per_node % i.tensor_parallel_size:
             raise ValueError(
                 f"inference.tensor_parallel_size ({i.tensor_parallel_size}) must divide "

@@ -11,8 +11,10 @@ import time
 from typing import Any
 
 from rlfleet.config.models import InferenceJobConfig
+from rlfleet.errors import TransientError
 from rlfleet.inference.client import reload_weights
 from rlfleet.inference.server import Replica, healthy, launch_replicas, stop_replicas
+from rlfleet.procs import wait_until
 
 
 class InferencePool:
@@ -21,13 +23,22 @@ class InferencePool:
         self.replicas: list[Replica] = []
         self.policy_step = -1  # weight version the servers hold; -1 = the initial model
         self.weights_path: str | None = None
+        self.external_ready = False  # external replicas (inference.urls) were healthy once
 
     @property
     def urls(self) -> list[str]:
+        if self.cfg.inference.urls:
+            return list(self.cfg.inference.urls)
         return [r.url for r in self.replicas]
 
     def ensure(self) -> list[str]:
-        """Launch missing or dead replicas (with the current weights) and return all URLs."""
+        """Launch missing or dead replicas (with the current weights) and return all URLs.
+
+        External replicas (`inference.urls`, started by a SLURM job on its inference nodes) are
+        only waited for: the first time until they are healthy, later a dead one is an error.
+        """
+        if self.cfg.inference.urls:
+            return self._external()
         dead = [r for r in self.replicas if not (r.process.alive() and healthy(r.url))]
         if self.replicas and not dead:
             return self.urls
@@ -47,6 +58,18 @@ class InferencePool:
             "replicas": self.urls,
             "seconds": time.perf_counter() - start,
         }
+
+    def _external(self) -> list[str]:
+        if not self.external_ready:
+            for url in self.urls:
+                wait_until(
+                    lambda url=url: healthy(url), self.cfg.inference.startup_timeout_s, what=f"vLLM at {url}"
+                )
+            self.external_ready = True
+        dead = [u for u in self.urls if not healthy(u)]
+        if dead:
+            raise TransientError(f"external vLLM replicas not healthy: {dead}")
+        return self.urls
 
     def shutdown(self) -> None:
         stop_replicas(self.replicas)
