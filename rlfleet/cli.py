@@ -9,6 +9,8 @@ rlfleet eval --output-dir outputs/tiny --model.path models/tiny --checkpoint lat
 rlfleet model tiny --out models/tiny
 rlfleet runs status outputs/tiny
 rlfleet deploy [--pool rlfleet-local]      # work pool + deployments rl/main, sft/main, eval/scheduled, ablation/main
+rlfleet deploy --pool rlfleet-slurm --type slurm   # the same on a `slurm` work pool
+rlfleet worker --pool rlfleet-slurm        # = prefect worker start --pool rlfleet-slurm --type slurm
 """
 
 from __future__ import annotations
@@ -172,13 +174,21 @@ def _deploy(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="rlfleet deploy")
     parser.add_argument("--pool", default="rlfleet-local", help="process work pool to create or update")
     parser.add_argument("--root", default=".", help="the rlfleet checkout workers run flows from")
+    parser.add_argument("--type", default="process", choices=["process", "slurm"], help="work pool type")
     args = parser.parse_args(argv)
     from pathlib import Path
 
     from rlfleet.workers.deploy import deploy
 
-    print(deploy(Path(args.root), args.pool))
+    print(deploy(Path(args.root), args.pool, pool_type=args.type))
     return 0
+
+
+def _worker(argv: Sequence[str]) -> int:
+    """`prefect worker start --type slurm` with the slurm worker registered by the import."""
+    from rlfleet.workers.slurm import main as worker_main
+
+    return worker_main(list(argv))
 
 
 COMMANDS = {
@@ -190,6 +200,7 @@ COMMANDS = {
     "runs": _runs,
     "eval": _eval,
     "deploy": _deploy,
+    "worker": _worker,
 }
 
 
