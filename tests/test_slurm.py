@@ -410,9 +410,10 @@ def test_worker_runs_rl_main_as_a_slurm_job(slurm, slurm_worker, tiny_model, tmp
     run_id = _run_deployment("rl/main", rl_config(tiny_model, out, 2).model_dump(mode="json"))
     run = wait_final(run_id)
     job = run.infrastructure_pid
+    info = wait_job(job, 120)  # the flow run is final a moment before its process (and job) exits
     text = show(slurm, job)
     assert run.state.is_completed(), f"{run.state}\n{slurm_worker[1].read_text()[-3000:]}"
-    assert "JobState=COMPLETED" in text
+    assert info.state == "COMPLETED" and "JobState=COMPLETED" in text
     assert [s["step"] for s in json.loads((out / "summary.json").read_text())["steps"]] == [0, 1]
 
 

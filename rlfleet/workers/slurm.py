@@ -200,7 +200,8 @@ class SlurmWorker(BaseWorker[SlurmJobConfiguration, SlurmVariables, SlurmWorkerR
             return 0
         if state is not None and state.is_final() and not state.is_crashed():
             return code  # the flow reported its own outcome (e.g. Failed with its exception)
-        message = f"{info.describe()}" + (f"; {state.message}" if state is not None and state.message else "")
+        why = " (scancel outside Prefect)" if info.state in CANCELLED else ""
+        message = f"{info.describe()}{why}" + (f"; {state.message}" if state is not None and state.message else "")
         await self.client.set_flow_run_state(flow_run.id, Crashed(message=message), force=True)
         self.get_flow_run_logger(flow_run).error("flow run crashed: %s", message)
         return 0
