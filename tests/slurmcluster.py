@@ -170,11 +170,35 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         return "\n".join(parts)
 
     def stop(self) -> None:
+        """Cancel what is still queued, stop the daemons, then reap job step daemons (slurmstepd
+        detaches from slurmd, so killing slurmd's process group does not reach it)."""
+        if self.procs and all(p.poll() is None for p in self.procs):
+            self.run(["scancel", "--full", "--state=RUNNING"], check=False)
+            self.run(["scancel", "--state=PENDING"], check=False)
+            deadline = time.monotonic() + 30
+            while self.run(["squeue", "-h"], check=False).stdout.strip() and time.monotonic() < deadline:
+                time.sleep(0.5)
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 kill_group(proc.pid, 10)
                 proc.wait()
         self.procs.clear()
+        for pid in self._stepds():
+            kill_group(pid, 5)
         for log in self.logs:
             log.close()
         self.logs.clear()
+
+    def _stepds(self) -> list[int]:
+        """slurmstepd processes of this cluster (their environment names its slurm.conf)."""
+        mine = f"SLURM_CONF={self.conf}".encode()
+        pids = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if proc.joinpath("comm").read_text().startswith("slurmstepd") and mine in proc.joinpath(
+                    "environ"
+                ).read_bytes().split(b"\0"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+        return pids
