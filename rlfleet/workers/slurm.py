@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 from prefect.client.schemas.objects import StateType
+from prefect.exceptions import InfrastructureNotFound
 from prefect.states import Cancelled, Crashed
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
 from pydantic import Field
@@ -201,7 +202,9 @@ class SlurmWorker(BaseWorker[SlurmJobConfiguration, SlurmVariables, SlurmWorkerR
         if state is not None and state.is_final() and not state.is_crashed():
             return code  # the flow reported its own outcome (e.g. Failed with its exception)
         why = " (scancel outside Prefect)" if info.state in CANCELLED else ""
-        message = f"{info.describe()}{why}" + (f"; {state.message}" if state is not None and state.message else "")
+        message = f"{info.describe()}{why}" + (
+            f"; {state.message}" if state is not None and state.message else ""
+        )
         await self.client.set_flow_run_state(flow_run.id, Crashed(message=message), force=True)
         self.get_flow_run_logger(flow_run).error("flow run crashed: %s", message)
         return 0
@@ -210,7 +213,12 @@ class SlurmWorker(BaseWorker[SlurmJobConfiguration, SlurmVariables, SlurmWorkerR
         self, infrastructure_pid: str, configuration: SlurmJobConfiguration, grace_seconds: int = 30
     ) -> None:
         """scancel the flow run's job (Prefect's cancel of a pending flow run)."""
-        await anyio.to_thread.run_sync(scancel, infrastructure_pid)
+        try:
+            await anyio.to_thread.run_sync(scancel, infrastructure_pid)
+        except SlurmError as e:
+            if "Invalid job id" in str(e):
+                raise InfrastructureNotFound(f"SLURM job {infrastructure_pid} not found") from e
+            raise
 
     async def _cancel_run(self, flow_run_id: UUID) -> None:
         """Cancelling a running flow run scancels its job too (BaseWorker handles pending ones only)."""
