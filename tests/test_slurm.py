@@ -360,9 +360,10 @@ def _job_template(tmp: Path) -> str:
     return str(path)
 
 
-def _run_deployment(name: str, config: dict) -> UUID:
+def _run_deployment(name: str, config: dict, *job_variables: str) -> UUID:
+    jv = [a for v in job_variables for a in ("--job-variable", v)]
     text = prefect_cli(
-        "deployment", "run", name, "--param", f"config={json.dumps(config)}", cwd=ROOT, timeout=300
+        "deployment", "run", name, "--param", f"config={json.dumps(config)}", *jv, cwd=ROOT, timeout=300
     )
     return UUID(text.split("UUID:")[1].split()[0])
 
@@ -429,7 +430,6 @@ def test_cancelling_the_flow_run_scancels_its_job(slurm, slurm_worker, tiny_mode
     text = show(slurm, job)
     assert run.state.is_cancelled(), run.state
     assert info.state == "CANCELLED" and "JobState=CANCELLED" in text
-    assert f"SLURM job {job} CANCELLED" in (run.state.message or "") or run.state.name == "Cancelled"
 
 
 def test_a_job_killed_by_scancel_crashes_its_flow_run_with_the_reason(
@@ -445,3 +445,20 @@ def test_a_job_killed_by_scancel_crashes_its_flow_run_with_the_reason(
     print("flow run state:", run.state.name, "-", run.state.message)
     assert run.state.is_crashed(), run.state
     assert f"SLURM job {job} CANCELLED" in run.state.message
+
+
+def test_a_failed_job_crashes_its_flow_run_with_state_and_exit_code(
+    slurm, slurm_worker, tiny_model, tmp_path
+):
+    """A job whose command exits 3 before the flow starts: SLURM FAILED -> Crashed, with the reason."""
+    from tests.test_prefect import wait_final
+
+    run_id = _run_deployment("sft/main", _sft_params(tiny_model, tmp_path / "f"), "command=bash -c 'exit 3'")
+    run = wait_final(run_id, timeout_s=180)
+    show(slurm, run.infrastructure_pid)
+    print("flow run state:", run.state.name, "-", run.state.message)
+    assert run.state.is_crashed(), run.state
+    assert (
+        f"SLURM job {run.infrastructure_pid} FAILED" in run.state.message
+        and "exit code 3:0" in run.state.message
+    )
