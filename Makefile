@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: install run test lint
+.PHONY: install run test lint slurm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,7 +22,11 @@ models/tiny/config.json: | $(STAMP)
 run: $(STAMP) models/tiny/config.json
 	$(VENV)/bin/rlfleet rl @ examples/tiny/rl.toml
 
-test: $(STAMP)
+# tests/test_slurm.py runs a real SLURM controller and two node daemons (Debian's slurm-wlm, munge).
+slurm:
+	bash scripts/install-slurm.sh
+
+test: $(STAMP) slurm
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

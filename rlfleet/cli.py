@@ -1,6 +1,7 @@
 """`rlfleet rl|sft|eval|inference|trainer|model|runs|deploy` — every component runs alone, as in prime-rl.
 
 rlfleet rl @ examples/tiny/rl.toml --orchestrator.batch-size 32
+rlfleet rl @ examples/tiny/rl.toml @ examples/slurm/multi_node.toml [--dry-run]   # a SLURM job (sbatch)
 rlfleet sft @ examples/tiny/sft.toml --data.batch-size 16
 rlfleet inference @ outputs/tiny/configs/inference.toml
 rlfleet trainer @ outputs/tiny/configs/trainer.toml
@@ -8,6 +9,8 @@ rlfleet eval --output-dir outputs/tiny --model.path models/tiny --checkpoint lat
 rlfleet model tiny --out models/tiny
 rlfleet runs status outputs/tiny
 rlfleet deploy [--pool rlfleet-local]      # work pool + deployments rl/main, sft/main, eval/scheduled, ablation/main
+rlfleet deploy --pool rlfleet-slurm --type slurm   # the same on a `slurm` work pool
+rlfleet worker --pool rlfleet-slurm        # = prefect worker start --pool rlfleet-slurm --type slurm
 """
 
 from __future__ import annotations
@@ -26,11 +29,35 @@ from rlfleet.config.loader import ConfigError, load
 USAGE = __doc__
 
 
+def _dry_run(argv: Sequence[str]) -> list[str]:
+    """`--dry-run` is short for `--slurm.dry-run` (it needs a [slurm] block)."""
+    args = [a for a in argv if a != "--dry-run"]
+    return args + ["--slurm.dry-run", "true"] if len(args) < len(argv) else args
+
+
+def _submit(command: str, cfg) -> int:
+    """[slurm]: write the resolved configs and the sbatch script under output_dir; sbatch it unless dry run."""
+    from rlfleet.slurm.commands import SlurmError
+    from rlfleet.slurm.submit import submit
+
+    try:
+        result = submit(command, cfg)
+    except ConfigError:
+        raise
+    except (SlurmError, ValueError) as e:
+        print(f"rlfleet {command}: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def _rl(argv: Sequence[str]) -> int:
     from rlfleet.config.models import RLConfig
     from rlfleet.runs import preflight
 
-    cfg = load(RLConfig, argv)
+    cfg = load(RLConfig, _dry_run(argv))
+    if cfg.slurm is not None:
+        return _submit("rl", cfg)
     if os.environ.get("RLFLEET_S3_CREDENTIALS_BLOCK"):  # S3 credentials from a Prefect block
         from rlfleet.tasks.storage import load_credentials_block
 
@@ -47,8 +74,9 @@ def _sft(argv: Sequence[str]) -> int:
     """The `sft` flow; under torchrun (WORLD_SIZE set) one rank of the engine; `--bench` fake data."""
     from rlfleet.config.models import SFTConfig
 
-    args = _bench_args(argv)
-    cfg = load(SFTConfig, args)
+    cfg = load(SFTConfig, _dry_run(_bench_args(argv)))
+    if cfg.slurm is not None:
+        return _submit("sft", cfg)
     if cfg.bench.enabled or "WORLD_SIZE" in os.environ:
         _as_torchrun(["sft", *argv], _train_gpus(cfg.deployment))
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -97,7 +125,9 @@ def _inference(argv: Sequence[str]) -> int:
     from rlfleet.config.models import InferenceJobConfig
     from rlfleet.inference.server import launch_replicas, stop_replicas
 
-    cfg = load(InferenceJobConfig, argv)
+    cfg = load(InferenceJobConfig, _dry_run(argv))
+    if cfg.slurm is not None:
+        return _submit("inference", cfg)
     raise_if(check_model(cfg.model) + check_ports(cfg.inference))
     replicas = launch_replicas(cfg)
     print("serving:", " ".join(r.url for r in replicas), flush=True)
@@ -172,13 +202,21 @@ def _deploy(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="rlfleet deploy")
     parser.add_argument("--pool", default="rlfleet-local", help="process work pool to create or update")
     parser.add_argument("--root", default=".", help="the rlfleet checkout workers run flows from")
+    parser.add_argument("--type", default="process", choices=["process", "slurm"], help="work pool type")
     args = parser.parse_args(argv)
     from pathlib import Path
 
     from rlfleet.workers.deploy import deploy
 
-    print(deploy(Path(args.root), args.pool))
+    print(deploy(Path(args.root), args.pool, pool_type=args.type))
     return 0
+
+
+def _worker(argv: Sequence[str]) -> int:
+    """`prefect worker start --type slurm` with the slurm worker registered by the import."""
+    from rlfleet.workers.slurm import main as worker_main
+
+    return worker_main(list(argv))
 
 
 COMMANDS = {
@@ -190,6 +228,7 @@ COMMANDS = {
     "runs": _runs,
     "eval": _eval,
     "deploy": _deploy,
+    "worker": _worker,
 }
 
 

@@ -20,14 +20,13 @@ def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[s
     """Write rl.toml and the trainer / orchestrator / inference sub-configs to `<output_dir>/configs/`.
 
     A remote store also gets a local copy (`<local_dir>/configs/`) that child processes read.
+    On multi_node the trainer and inference configs are the nodes' (rlfleet/slurm/submit.py): kept.
     """
     store = RunStore(cfg.output_dir)
-    jobs = {
-        "rl": cfg,
-        "trainer": cfg.trainer_job(trainer_gpus),
-        "orchestrator": cfg.orchestrator_job(),
-        "inference": cfg.inference_job(inference_gpus),
-    }
+    jobs = {"rl": cfg, "orchestrator": cfg.orchestrator_job()}
+    if cfg.deployment.type == "single_node":
+        jobs["trainer"] = cfg.trainer_job(trainer_gpus)
+        jobs["inference"] = cfg.inference_job(inference_gpus)
     paths = {}
     for name, job in jobs.items():
         store.write_text(f"configs/{name}.toml", to_toml(job))
@@ -101,6 +100,11 @@ def newest_weights(store: RunStore, step: int) -> tuple[int, str]:
 def preflight(cfg: RLConfig) -> tuple[list[str], list[str]]:
     """Check everything checkable before anything starts; returns (inference GPUs, trainer GPUs)."""
     problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_ports(cfg.inference)
+    if cfg.deployment.type == "multi_node" and not cfg.inference.urls:
+        problems.append(
+            "deployment.type: multi_node runs as a SLURM job; add a [slurm] block "
+            "(inside the job the sbatch script passes the inference nodes' --inference.urls)"
+        )
     try:
         gpus = assign_gpus(cfg.deployment)
     except ConfigError as e:

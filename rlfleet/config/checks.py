@@ -72,6 +72,8 @@ def port_free(host: str, port: int) -> bool:
 
 
 def check_ports(inference: InferenceConfig) -> list[str]:
+    if inference.urls:  # external replicas: their nodes own the ports
+        return []
     busy = [
         inference.port + r
         for r in range(inference.num_replicas)

@@ -7,10 +7,20 @@ typo fails before anything starts, with the field's dotted path in the message.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 
 def _non_empty(v: str) -> str:
@@ -46,6 +56,13 @@ class InferenceConfig(Strict):
     enforce_eager: bool = True
     startup_timeout_s: float = Field(600.0, gt=0)
     extra_args: list[str] = Field(default_factory=list)
+    urls: list[str] = Field(
+        default_factory=list,
+        description="Externally started replicas (a SLURM job's inference nodes): used, never launched.",
+    )
+    replica_offset: int = Field(
+        0, ge=0, description="Index of this node's first replica (its log and pidfile names)."
+    )
 
 
 class OrchestratorConfig(Strict):
@@ -132,6 +149,107 @@ class DeploymentConfig(Strict):
     num_train_gpus: int = Field(0, ge=0, description="0 = CPU trainer.")
 
 
+class MultiNodeDeployment(Strict):
+    """A SLURM job of num_train_nodes + num_infer_nodes nodes (inference nodes first)."""
+
+    type: Literal["multi_node"]
+    num_train_nodes: int = Field(1, ge=0, description="Nodes running the torchrun trainer.")
+    num_infer_nodes: int = Field(1, ge=0, description="Nodes running vLLM replicas.")
+    gpus_per_node: int = Field(0, ge=0, description="0 = CPU nodes.")
+    nodes_per_fsdp_group: int = Field(
+        1, ge=1, description="Train nodes one FSDP group shards over; groups replicate (HSDP)."
+    )
+
+    @model_validator(mode="after")
+    def _groups(self) -> MultiNodeDeployment:
+        if self.num_train_nodes and self.num_train_nodes % self.nodes_per_fsdp_group:
+            raise ValueError(
+                f"deployment.nodes_per_fsdp_group ({self.nodes_per_fsdp_group}) must divide "
+                f"deployment.num_train_nodes ({self.num_train_nodes})"
+            )
+        return self
+
+    @property
+    def num_nodes(self) -> int:
+        return self.num_train_nodes + self.num_infer_nodes
+
+
+def _deployment_type(v: object) -> str:
+    return v.get("type", "single_node") if isinstance(v, dict) else getattr(v, "type", "single_node")
+
+
+Deployment = Annotated[
+    Annotated[DeploymentConfig, Tag("single_node")] | Annotated[MultiNodeDeployment, Tag("multi_node")],
+    Discriminator(_deployment_type),
+]
+"""`[deployment]`: `type` picks the model; it defaults to single_node."""
+
+_SLURM_TIME = re.compile(
+    r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^(\d+-)?\d+:\d{1,2}(:\d{1,2})?$|^UNLIMITED$|^INFINITE$"
+)
+
+
+class SlurmConfig(Strict):
+    """`[slurm]`: render an sbatch script, write it with the resolved configs, submit it."""
+
+    job_name: NonEmptyStr = "rlfleet"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = Field("01:00:00", description="sbatch --time: MM, HH:MM:SS, D-HH[:MM[:SS]].")
+    template_path: str | None = Field(
+        None, description="A custom Jinja2 sbatch template; default: deployments/templates/rlfleet.sbatch.j2."
+    )
+    dry_run: bool = Field(False, description="Write the script and configs, do not submit.")
+    extra_directives: list[str] = Field(
+        default_factory=list, description="More `#SBATCH` lines, e.g. '--exclusive', '--mem=0'."
+    )
+    rdzv_port: int = Field(29500, ge=1024, le=65535, description="torchrun port on the first train node.")
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, v: str) -> str:
+        if not _SLURM_TIME.match(v):
+            raise ValueError("not a SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS)")
+        return v
+
+    @field_validator("template_path")
+    @classmethod
+    def _template(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"{v} is not a file")
+        return v
+
+    @field_validator("extra_directives")
+    @classmethod
+    def _directives(cls, v: list[str]) -> list[str]:
+        for d in v:
+            if not d.startswith("-") or "\n" in d:
+                raise ValueError(f"{d!r}: each directive is one sbatch option like '--exclusive'")
+        return v
+
+
+def check_slurm_fit(
+    d: DeploymentConfig | MultiNodeDeployment, slurm: SlurmConfig | None, command: str
+) -> None:
+    """Which node counts each command's job needs; multi_node only runs as a SLURM job."""
+    if d.type == "single_node":
+        return
+    need_train, need_infer = {"rl": (True, True), "sft": (True, False), "inference": (False, True)}[command]
+    for field, n, need in (
+        ("num_train_nodes", d.num_train_nodes, need_train),
+        ("num_infer_nodes", d.num_infer_nodes, need_infer),
+    ):
+        if need and n < 1:
+            raise ValueError(f"deployment.{field}: `rlfleet {command}` on multi_node needs at least 1")
+        if not need and n:
+            raise ValueError(f"deployment.{field}: must be 0 for `rlfleet {command}` (got {n})")
+    if command == "sft" and d.num_train_nodes > 1:
+        raise ValueError(
+            "deployment.num_train_nodes: multi-node SFT is not implemented (the SFT trainer is one process)"
+        )
+
+
 class TaskPolicy(Strict):
     retries: int = Field(2, ge=0)
     retry_delay_s: float = Field(2.0, ge=0)
@@ -174,6 +292,8 @@ class InferenceJobConfig(Strict):
     model: ModelConfig
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     gpu_ids: list[str] = Field(default_factory=list, description="CUDA devices, tp per replica; empty = CPU.")
+    deployment: Deployment = Field(default_factory=DeploymentConfig)
+    slurm: SlurmConfig | None = None
 
     @property
     def num_gpus(self) -> int:
@@ -186,6 +306,9 @@ class InferenceJobConfig(Strict):
             raise ValueError(
                 f"gpu_ids: {len(self.gpu_ids)} GPUs for num_replicas x tensor_parallel_size = {need}"
             )
+        check_slurm_fit(self.deployment, self.slurm, "inference")
+        if self.deployment.type == "multi_node" and self.slurm is None:
+            raise ValueError("deployment.type: multi_node runs as a SLURM job; add a [slurm] block")
         return self
 
 
@@ -211,10 +334,11 @@ class RLConfig(_RunBase):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
-    deployment: DeploymentConfig = Field(default_factory=DeploymentConfig)
+    deployment: Deployment = Field(default_factory=DeploymentConfig)
     tasks: TaskPolicy = Field(default_factory=TaskPolicy)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    slurm: SlurmConfig | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> RLConfig:
@@ -229,7 +353,17 @@ class RLConfig(_RunBase):
                 f"({i.max_model_len}) so that every sample fits a packed row"
             )
         d = self.deployment
-        if d.num_inference_gpus and d.num_inference_gpus != i.num_replicas * i.tensor_parallel_size:
+        check_slurm_fit(d, self.slurm, "rl")
+        if d.type == "multi_node" and d.gpus_per_node and d.gpus_per_node % i.tensor_parallel_size:
+            raise ValueError(
+                f"inference.tensor_parallel_size ({i.tensor_parallel_size}) must divide "
+                f"deployment.gpus_per_node ({d.gpus_per_node})"
+            )
+        if (
+            d.type == "single_node"
+            and d.num_inference_gpus
+            and d.num_inference_gpus != i.num_replicas * i.tensor_parallel_size
+        ):
             raise ValueError(
                 f"deployment.num_inference_gpus ({d.num_inference_gpus}) must equal inference.num_replicas x "
                 f"inference.tensor_parallel_size ({i.num_replicas} x {i.tensor_parallel_size})"
@@ -283,6 +417,15 @@ class SFTConfig(_RunBase):
     deployment: DeploymentConfig = Field(default_factory=DeploymentConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     tasks: TaskPolicy = Field(default_factory=TaskPolicy)
+    deployment: Deployment = Field(default_factory=DeploymentConfig)
+    slurm: SlurmConfig | None = None
+
+    @model_validator(mode="after")
+    def _placement(self) -> SFTConfig:
+        check_slurm_fit(self.deployment, self.slurm, "sft")
+        if self.deployment.type == "multi_node" and self.slurm is None:
+            raise ValueError("deployment.type: multi_node runs as a SLURM job; add a [slurm] block")
+        return self
 
     @model_validator(mode="after")
     def _trainer_only(self) -> SFTConfig:

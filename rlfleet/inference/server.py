@@ -92,14 +92,15 @@ def launch_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> l
     replicas = []
     for r in range(i.num_replicas):
         port = i.port + r
+        idx = i.replica_offset + r  # unique across a multi-node job's inference nodes
         proc = ManagedProcess(
-            name=f"inference-{r}",
+            name=f"inference-{idx}",
             cmd=python_module_cmd("vllm.entrypoints.openai.api_server", server_args(cfg, port, model_path)),
-            log_path=out / "logs" / "inference" / f"replica_{r}.log",
-            pidfile=out / "run" / f"inference_{r}.pid",
+            log_path=out / "logs" / "inference" / f"replica_{idx}.log",
+            pidfile=out / "run" / f"inference_{idx}.pid",
             env=replica_env(cfg, r),
         ).start()
-        replicas.append(Replica(r, f"http://{i.host}:{port}", proc))
+        replicas.append(Replica(idx, f"http://{i.host}:{port}", proc))
     try:
         for rep in replicas:
             wait_until(

@@ -118,7 +118,8 @@ def aggregate(cfg: RLConfig, step: int, num_ranks: int = 1) -> dict[str, Any]:
 def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     """Make sure the long-lived trainer runs, then wait for it to finish step N (or die)."""
     store = _store(cfg)
-    trainer = get_trainer(cfg.trainer_job(gpu_ids), store.local_dir / "configs" / "trainer.toml")
+    external = cfg.deployment.type == "multi_node"  # ranks started by the SLURM job on its train nodes
+    trainer = get_trainer(cfg.trainer_job(gpu_ids), store.local_dir / "configs" / "trainer.toml", external)
     trainer.ensure()
     return trainer.wait_step(store, step, cfg.tasks.step_timeout_s)
 

@@ -86,14 +86,19 @@ class TrainerProcess:
         rel = f"metrics/step_{step}.json"
         start = time.monotonic()
         while not store.exists(rel):
-            if self.process is not None and not self.process.alive():
-                raise self._death_error(store)
+            if (error := self.failure(store, step)) is not None:
+                raise error
             if time.monotonic() - start > timeout_s:
                 raise TimeoutError(f"trainer step {step} not done after {timeout_s:.0f}s")
             time.sleep(poll_interval(store, self.cfg.trainer.poll_interval_s))
         metrics = store.read_json(rel)
         metrics["wait_seconds"] = time.monotonic() - start
         return metrics
+
+    def failure(self, store: RunStore, step: int) -> Exception | None:
+        if self.process is not None and not self.process.alive():
+            return self._death_error(store)
+        return None
 
     def _death_error(self, store: RunStore) -> Exception:
         p = self.process
@@ -109,15 +114,36 @@ class TrainerProcess:
             self.process = None
 
 
+class ExternalTrainer(TrainerProcess):
+    """Trainer ranks a SLURM job started on its train nodes (torchrun): waited on, never launched.
+
+    The controller cannot see their processes; a rank that fails records its error in the store
+    (`record_trainer_error`), which fails the step here instead of waiting out the timeout.
+    """
+
+    def ensure(self) -> None:
+        return None
+
+    def failure(self, store: RunStore, step: int) -> Exception | None:
+        error = read_trainer_error(store)
+        if error is None or error.get("step", -1) < step:
+            return None
+        msg = (
+            f"trainer on the train nodes failed: {error['type']} at step {error['step']}: {error['message']}"
+        )
+        return DeterministicError(msg) if error["deterministic"] else TrainerDied(msg)
+
+
 _TRAINERS: dict[str, TrainerProcess] = {}
 
 
-def get_trainer(cfg: TrainerJobConfig, config_path: Path) -> TrainerProcess:
+def get_trainer(cfg: TrainerJobConfig, config_path: Path, external: bool = False) -> TrainerProcess:
+    """The run's trainer; `external` for a multi-node job's (started by the sbatch script)."""
     t = _TRAINERS.get(cfg.output_dir)
-    if t is None or t.cfg != cfg:
+    if t is None or t.cfg != cfg or isinstance(t, ExternalTrainer) != external:
         if t is not None:
             t.stop()
-        t = _TRAINERS[cfg.output_dir] = TrainerProcess(cfg, config_path)
+        t = _TRAINERS[cfg.output_dir] = (ExternalTrainer if external else TrainerProcess)(cfg, config_path)
     return t
 
 

@@ -31,7 +31,25 @@ def prefect_cli(
     return proc.stdout
 
 
-def deploy(root: Path, pool: str = POOL, prefect_file: str = PREFECT_FILE) -> str:
+def create_pool(pool: str, pool_type: str) -> None:
+    """A process pool, or a slurm pool whose base job template is the SLURM worker's default."""
+    if pool_type == "process":
+        prefect_cli("work-pool", "create", pool, "--type", "process", "--overwrite")
+        return
+    import json
+    import tempfile
+
+    from rlfleet.workers.slurm import SlurmWorker
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(SlurmWorker.get_default_base_job_template(), f)
+        f.flush()
+        prefect_cli(
+            "work-pool", "create", pool, "--type", pool_type, "--base-job-template", f.name, "--overwrite"
+        )
+
+
+def deploy(root: Path, pool: str = POOL, prefect_file: str = PREFECT_FILE, pool_type: str = "process") -> str:
     """Create (or update) everything a worker on `pool` needs to run rlfleet's flows.
 
     `root` is the repository checkout the worker runs flows from: parameters' relative paths
@@ -42,8 +60,8 @@ def deploy(root: Path, pool: str = POOL, prefect_file: str = PREFECT_FILE) -> st
         raise FileNotFoundError(
             f"{root / prefect_file} not found: run `rlfleet deploy` from the rlfleet checkout"
         )
-    prefect_cli("work-pool", "create", pool, "--type", "process", "--overwrite")
+    create_pool(pool, pool_type)
     limits = ensure_gpu_limits(visible_gpus())
     env = {**os.environ, "RLFLEET_ROOT": str(root), "RLFLEET_POOL": pool}
     out = prefect_cli("deploy", "--all", "--prefect-file", prefect_file, env=env, cwd=root)
-    return f"work pool {pool}; GPU limits {limits or 'none (no GPU visible)'}\n{out}"
+    return f"{pool_type} work pool {pool}; GPU limits {limits or 'none (no GPU visible)'}\n{out}"

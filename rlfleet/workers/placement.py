@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from rlfleet.config.loader import ConfigError
-from rlfleet.config.models import DeploymentConfig
+from rlfleet.config.models import DeploymentConfig, MultiNodeDeployment
 
 
 def visible_gpus() -> list[str]:
@@ -17,11 +17,16 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
-def assign_gpus(d: DeploymentConfig, visible: list[str] | None = None) -> tuple[list[str], list[str]]:
+def assign_gpus(
+    d: DeploymentConfig | MultiNodeDeployment, visible: list[str] | None = None
+) -> tuple[list[str], list[str]]:
     """(inference GPU ids, trainer GPU ids). One visible GPU may be shared by both (one-GPU mode).
 
-    More than one trainer GPU runs the trainer under torchrun, one FSDP2 rank per GPU.
+    More than one trainer GPU runs the trainer under torchrun, one FSDP2 rank per GPU. A multi-node
+    controller holds none: SLURM gave the nodes' GPUs to the replicas and trainer ranks it started.
     """
+    if d.type == "multi_node":
+        return [], []
     ni, nt = d.num_inference_gpus, d.num_train_gpus
     if ni == 0 and nt == 0:
         return [], []

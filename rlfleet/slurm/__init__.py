@@ -1,0 +1,1 @@
+"""SLURM engine: sbatch templates, job submission, and typed squeue/scontrol/sacct/scancel (no Prefect)."""
