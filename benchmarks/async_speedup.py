@@ -4,8 +4,9 @@ about the same time, both runs in one process, one after the other, on the same 
 Steps per minute = 60 x (steps after warm-up) / (their summed step wall times); the first
 `--warmup` steps (trainer start, first compile of everything) are left out. Each run's median
 time inside vLLM sampling and inside the trainer is reported, to show the two are comparable.
-With --pin, vLLM's OpenMP threads are bound to CPU 0 (VLLM_CPU_OMP_THREADS_BIND) and the trainer
-runs one torch thread on CPU 1, so on 2 cores the two can actually overlap instead of time-sharing.
+Without --pin each level runs as a user's config would: k=0 unpinned, k>0 with the flow's own
+core split (`workers/placement.split_cpus`: vLLM on the first half of the cores, the trainer on the
+rest). --pin pins k=0 the same way too (vLLM's OpenMP threads on CPU 0, one trainer thread on CPU 1).
 --hidden/--layers/--heads pick the model shape: training cost grows with the FLOPs, vLLM's CPU
 sampling of a tiny model mostly with per-token overheads, so a wider model balances the two.
 

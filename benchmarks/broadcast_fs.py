@@ -3,7 +3,8 @@
 For each model shape, each repetition moves every weight a little (no cache can answer), then
 times what a step's broadcast does in the flow:
   save:   the trainer's `publish_weights` (save_pretrained + sha256 manifest + atomic rename)
-  verify: the controller's `newest_weights` (sha256 check against the manifest)
+  verify: the controller's `newest_weights` as the broadcast task calls it (manifest + sizes; the
+          trainer hashed the files while publishing); `sha256_s` prices the full re-hash a resume does
   reload: `reload_weights` on the real vLLM CPU server: /pause -> reload_weights -> reset prefix
           cache -> /resume
   copy:   `shutil.copytree` of the published directory to another directory on the same disk
@@ -49,9 +50,13 @@ def one_shape(tmp: Path, name: str, reps: int) -> dict:
             t0 = time.perf_counter()
             manifest = publish_weights(store, step, model, str(model_dir))
             t1 = time.perf_counter()
-            got, path = newest_weights(store, step)
+            got, path = newest_weights(store, step, checksum=False)
             t2 = time.perf_counter()
+            newest_weights(store, step)  # not part of the broadcast: what a resume pays instead
+            sha256_s = time.perf_counter() - t2
+            t3 = time.perf_counter()
             calls = reload_weights(url, path)
+            reload_s = time.perf_counter() - t3
             t3 = time.perf_counter()
             copy_dir = tmp / name / f"copy_{step}"
             shutil.copytree(path, copy_dir)
@@ -62,8 +67,9 @@ def one_shape(tmp: Path, name: str, reps: int) -> dict:
                 {
                     "save_s": t1 - t0,
                     "verify_s": t2 - t1,
-                    "reload_s": t3 - t2,
+                    "reload_s": reload_s,
                     "copy_s": t4 - t3,
+                    "sha256_s": sha256_s,
                     "calls": calls,
                 }
             )
@@ -71,7 +77,7 @@ def one_shape(tmp: Path, name: str, reps: int) -> dict:
         pool.shutdown()
     nbytes = sum(f["size"] for f in manifest["files"].values())
     timed = rows[1:]
-    med = {k: median([r[k] for r in timed]) for k in ("save_s", "verify_s", "reload_s", "copy_s")}
+    med = {k: median([r[k] for r in timed]) for k in ("save_s", "verify_s", "reload_s", "copy_s", "sha256_s")}
     med["broadcast_s"] = med["save_s"] + med["verify_s"] + med["reload_s"]
     rate = {k.replace("_s", "_mb_s"): nbytes / v / 1e6 for k, v in med.items()}
     return {
@@ -99,7 +105,7 @@ def main() -> None:
     write(a.out, results)
     rows = []
     for name, r in results.items():
-        for phase in ("save", "verify", "reload", "broadcast", "copy"):
+        for phase in ("save", "verify", "sha256", "reload", "broadcast", "copy"):
             rows.append(
                 [
                     f"{name} {phase}",

@@ -11,6 +11,7 @@ Then a no-op task is timed the way the flow calls tasks (policy options, persist
 step cache key) and with no persistence and no cache, to price one Prefect task.
 
     python benchmarks/control_plane.py --steps 8 --out benchmarks/results/control_plane_cpu_2core.json
+    python benchmarks/control_plane.py --steps 8 --batch-size 128 --out benchmarks/results/control_plane_cpu_2core_b128.json
 """
 
 from __future__ import annotations
@@ -49,11 +50,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--noop-tasks", type=int, default=40)
+    ap.add_argument("--batch-size", type=int, default=32, help="prompts per step: longer steps, same tasks")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
-        cfg = rl_config(tiny_model(tmp), tmp / "run", "--max-steps", str(a.steps))
+        cfg = rl_config(
+            tiny_model(tmp),
+            tmp / "run",
+            "--max-steps",
+            str(a.steps),
+            "--orchestrator.batch-size",
+            str(a.batch_size),
+        )
         records, wall = run_rl(cfg)
         noop_cfg = rl_config(Path(cfg.model.path), tmp / "noop")
         noop_persisted = noop_flow(noop_cfg, a.noop_tasks, True)[1:]
@@ -83,6 +92,7 @@ def main() -> None:
     med = {k: median([s[k] for s in steps]) for k in steps[0] if k != "step"}
     results = {
         "steps": len(records),
+        "batch_size": a.batch_size,
         "flow_wall_s": wall,
         "median": med,
         "per_step": steps,
@@ -94,7 +104,7 @@ def main() -> None:
     rows.append(["noop task, persisted + cache key", median(noop_persisted), "-"])
     rows.append(["noop task, no cache, no persist", median(noop_bare), "-"])
     table(
-        f"control-plane overhead per step (median of {len(steps)} steps, k=0)",
+        f"control-plane overhead per step (median of {len(steps)} steps, k=0, batch {a.batch_size} x 8)",
         ["", "s", "share of step"],
         rows,
     )

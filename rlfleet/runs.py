@@ -71,12 +71,14 @@ def discard_stale(store: RunStore, start: int) -> list[str]:
 WEIGHTS_CACHED = 2  # staged snapshots a node keeps: the one served and the one replacing it
 
 
-def newest_weights(store: RunStore, step: int) -> tuple[int, str]:
+def newest_weights(store: RunStore, step: int, checksum: bool = True) -> tuple[int, str]:
     """(step, local path) of verified weights for `step`, else of the newest verified ones before it.
 
     Weights come from `weights/step_N` or a checkpoint's `model/`; a missing, truncated or corrupt
     snapshot is skipped with a warning naming it, so vLLM never loads a half-written file. From a
     remote store they are staged to this node's local cache first (checked against the manifest).
+    checksum=False checks a local snapshot's manifest and file sizes only: the broadcast's hot path,
+    reading what this run's trainer published (and hashed) moments ago. A resume re-hashes it all.
     """
     candidates = sorted(
         {s for kind in ("weights", "checkpoints") for s in store.complete_steps(kind) if s <= step},
@@ -85,7 +87,7 @@ def newest_weights(store: RunStore, step: int) -> tuple[int, str]:
     for s in candidates:
         for rel, sub in ((step_dir("weights", s), ""), (step_dir("checkpoints", s), "model")):
             try:
-                local = stage(store, rel, keep=WEIGHTS_CACHED)
+                local = stage(store, rel, keep=WEIGHTS_CACHED, checksum=checksum)
             except FileNotFoundError:
                 continue
             except CorruptArtifact as e:

@@ -75,3 +75,31 @@ def test_rollout_task_reuses_a_published_rollout_only_within_k(tmp_path, k):
     with pytest.raises(DeterministicError, match="off-policy beyond k=0"):
         rollout.fn(cfg, [], 3)
     assert store.manifest(step_dir("batches", 3)) is None
+
+
+def test_async_cpu_run_splits_the_cores_between_vllm_and_the_trainer(tmp_path):
+    from rlfleet.workers.placement import split_cpus
+
+    cfg = split_cpus(_cfg(tmp_path, 1), cpus=[0, 1, 2, 3])
+    assert cfg.inference.cpu_threads_bind == "0,1"
+    assert cfg.trainer.cpu_affinity == [2, 3] and cfg.trainer.num_threads == 2
+    assert split_cpus(_cfg(tmp_path, 0), cpus=[0, 1]) == _cfg(tmp_path, 0), "k=0 never overlaps"
+    pinned = _cfg(tmp_path, 1).model_copy(
+        update={"inference": cfg.inference.model_copy(update={"cpu_threads_bind": "1"})}
+    )
+    assert split_cpus(pinned, cpus=[0, 1]) == pinned, "a config that pins itself is left alone"
+    assert split_cpus(_cfg(tmp_path, 1), cpus=[0]) == _cfg(tmp_path, 1)
+    gpus = load(
+        RLConfig,
+        [
+            "--model.path",
+            "m",
+            "--output-dir",
+            "o",
+            "--orchestrator.max-async-level",
+            "1",
+            "--deployment.num-train-gpus",
+            "1",
+        ],
+    )
+    assert split_cpus(gpus, cpus=[0, 1]) == gpus

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -116,6 +118,12 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
         assert all(0 <= staleness(s, r["policy_step"]) <= k for r in records)
         assert json.loads((out / f"metrics/step_{s}.json").read_text())["max_staleness"] == (s == 3)
     assert [s["max_staleness"] for s in summary["steps"]] == [0, 0, 0, 1]
+    if len(os.sched_getaffinity(0)) >= 2:  # async on a CPU box: vLLM and the trainer on their own cores
+        written = {
+            n: tomllib.loads((out / f"configs/{n}.toml").read_text()) for n in ("trainer", "inference")
+        }
+        vllm_cores = {int(c) for c in written["inference"]["inference"]["cpu_threads_bind"].split(",")}
+        assert vllm_cores and not vllm_cores & set(written["trainer"]["trainer"]["cpu_affinity"])
 
 
 def test_broadcast_changes_served_logprobs(tiny_model, tmp_path):

@@ -52,7 +52,7 @@ def test_corrupt_checkpoint_falls_back_with_a_warning(store_with_checkpoints, ca
         assert "checkpoint step 3 is corrupt" in caplog.text
 
 
-@pytest.mark.parametrize("damage", ["none", "truncate", "no_manifest"])
+@pytest.mark.parametrize("damage", ["none", "truncate", "no_manifest", "flip"])
 def test_broadcast_uses_newest_complete_weights(store_with_checkpoints, tiny_model, caplog, damage):
     store = store_with_checkpoints
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
@@ -63,6 +63,12 @@ def test_broadcast_uses_newest_complete_weights(store_with_checkpoints, tiny_mod
         f.write_bytes(f.read_bytes()[:100])
     elif damage == "no_manifest":
         (snap / "manifest.json").unlink()
+    elif damage == "flip":  # same size, other bytes: only the (resume path's) checksum can tell
+        f = next(snap.glob("*.safetensors"))
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        f.write_bytes(bytes(data))
+        assert newest_weights(store, 4, checksum=False) == (4, str(snap))  # the broadcast's hot path
     with caplog.at_level(logging.WARNING):
         step, path = newest_weights(store, 4)
     if damage == "none":

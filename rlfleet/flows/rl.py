@@ -49,6 +49,7 @@ from rlfleet.tasks.rl import (
 from rlfleet.tasks.storage import load_credentials_block
 from rlfleet.trainer.launch import stop_trainer
 from rlfleet.workers.leases import gpu_lease
+from rlfleet.workers.placement import split_cpus
 
 
 def _progress() -> Progress:
@@ -66,7 +67,7 @@ def _progress() -> Progress:
 @flow(name="rl", flow_run_name="{config.output_dir}", log_prints=True)
 def rl(config: RLConfig) -> dict[str, Any]:
     """One RL run; `config` is the resolved RLConfig (the deployment's parameter)."""
-    cfg = config
+    cfg = split_cpus(config)  # async on a CPU box: vLLM and the trainer on separate cores
     t0 = time.perf_counter()
     load_credentials_block()  # S3 credentials from $RLFLEET_S3_CREDENTIALS_BLOCK, if it is set
     inf_gpus, train_gpus = preflight(cfg)

@@ -21,15 +21,17 @@ from rlfleet.store.runstore import MANIFEST, CorruptArtifact, RunStore, sha256_f
 log = logging.getLogger("rlfleet.store")
 
 
-def stage(store: RunStore, rel: str, keep: int | None = None) -> Path:
+def stage(store: RunStore, rel: str, keep: int | None = None, checksum: bool = True) -> Path:
     """A local directory holding artifact `rel`, every file verified against its manifest.
 
     A local store is its own cache: the artifact's directory is returned after a checksum check.
     A remote one is downloaded once into `<local_dir>/<rel>`; a later call with the same manifest
     reuses the copy. `keep` evicts older `step_N` copies of the same kind beyond the newest `keep`.
-    Raises FileNotFoundError when `rel` has no manifest and CorruptArtifact when a file is bad.
+    checksum=False skips the sha256 of a local artifact (sizes are still checked); a download is
+    always hashed. Raises FileNotFoundError when `rel` has no manifest and CorruptArtifact when a
+    file is bad.
     """
-    manifest = store.manifest(rel, verify=store.is_local)
+    manifest = store.manifest(rel, verify=store.is_local and checksum)
     if manifest is None:
         raise FileNotFoundError(f"{store.uri(rel)} is not a complete artifact")
     if store.is_local:

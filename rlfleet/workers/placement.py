@@ -1,11 +1,11 @@
-"""Single-node GPU placement: inference first, then the trainer, from the visible devices."""
+"""Single-node placement: GPUs (inference first, then the trainer) and, on a CPU box, cores."""
 
 from __future__ import annotations
 
 import os
 
 from rlfleet.config.loader import ConfigError
-from rlfleet.config.models import DeploymentConfig, MultiNodeDeployment
+from rlfleet.config.models import DeploymentConfig, MultiNodeDeployment, RLConfig
 
 
 def visible_gpus() -> list[str]:
@@ -39,4 +39,35 @@ def assign_gpus(
         f"deployment asks for {ni} inference + {nt} trainer GPUs but {len(visible)} are visible "
         "(deployment.num_inference_gpus, deployment.num_train_gpus; "
         f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+    )
+
+
+def split_cpus(cfg: RLConfig, cpus: list[int] | None = None) -> RLConfig:
+    """With async steps on a CPU-only box, give vLLM the first half of the cores and the trainer the rest.
+
+    At max_async_level > 0 sampling and training run at the same time; unpinned, both OpenMP pools
+    spin on every core and each slows the other down (2 cores, tiny model: k=1 ran at 0.35x the
+    steps/min of k=0; split, 1.09x). A config that pins either side itself is left as it is.
+    """
+    d = cfg.deployment
+    if (
+        d.type != "single_node"
+        or d.num_inference_gpus
+        or d.num_train_gpus
+        or cfg.orchestrator.max_async_level == 0
+        or cfg.inference.cpu_threads_bind
+        or cfg.trainer.cpu_affinity
+    ):
+        return cfg
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
+    if len(cpus) < 2:
+        return cfg
+    inf, train = cpus[: len(cpus) // 2], cpus[len(cpus) // 2 :]
+    return cfg.model_copy(
+        update={
+            "inference": cfg.inference.model_copy(update={"cpu_threads_bind": ",".join(map(str, inf))}),
+            "trainer": cfg.trainer.model_copy(
+                update={"cpu_affinity": train, "num_threads": cfg.trainer.num_threads or len(train)}
+            ),
+        }
     )
