@@ -79,3 +79,26 @@ def prefect_api(tmp_path_factory):
             os.environ.pop("PREFECT_API_URL", None)
             kill_group(proc.pid)
             log.close()
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real SLURM cluster on loopback (tests/slurmcluster.py), shared by the SLURM test modules."""
+    from tests.slurmcluster import SlurmCluster, missing_binaries
+
+    missing = missing_binaries()
+    if missing:  # never a skip: `make test` installs them (scripts/install-slurm.sh)
+        pytest.fail(
+            f"SLURM binaries missing: {missing}; run scripts/install-slurm.sh (apt-get install slurm-wlm munge)"
+        )
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2).start()
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)  # sbatch, squeue, ... and every job's environment
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old

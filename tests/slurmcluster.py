@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from rlfleet.procs import kill_group
+from rlfleet.slurm.commands import JobInfo, scontrol_job
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel")
 
@@ -202,3 +203,29 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
             except OSError:
                 continue
         return pids
+
+
+def wait_job(job_id: str, timeout_s: float = 600) -> JobInfo:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = scontrol_job(job_id)
+        if info is not None and info.final:
+            return info
+        time.sleep(1)
+    raise TimeoutError(f"SLURM job {job_id} not final after {timeout_s} s: {scontrol_job(job_id)}")
+
+
+def show(cluster: SlurmCluster, job_id: str) -> str:
+    """What squeue and scontrol say about a job (printed for the closing notes)."""
+    q = cluster.run(["squeue", "-j", job_id], check=False)
+    s = cluster.run(["scontrol", "show", "job", job_id], check=False).stdout
+    keep = [
+        ln.strip()
+        for ln in s.splitlines()
+        if ln.strip().startswith(("JobId", "JobState", "NodeList", "BatchHost"))
+    ]
+    text = f"$ squeue -j {job_id}\n{q.stdout}{q.stderr}$ scontrol show job {job_id} | grep ...\n" + "\n".join(
+        keep
+    )
+    print(text)
+    return text

@@ -3,82 +3,27 @@
 - `[slurm]` configs fail in validation naming the field, before anything is written;
 - a dry run writes a script that `sbatch --test-only` accepts; a custom template gets the variables;
 - `rlfleet sft` with `[slurm]` is an sbatch job that trains the tiny model to completion;
-- a multi_node `rlfleet rl` job: vLLM on node n1, torchrun trainer + the one controller on n2;
-- the Prefect SLURM worker runs `rl/main` as a job (Completed); cancelling a flow run scancels its
-  job (Cancelled); a job killed by scancel crashes its flow run with the SLURM state as the reason.
+- a multi_node `rlfleet rl` job: vLLM on node n1, torchrun trainer + the one controller on n2.
+The Prefect SLURM worker is tests/test_slurm_worker.py.
 squeue / scontrol outputs are printed (`pytest -s`) for the closing notes; timings are not asserted.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
-from uuid import UUID
 
 import pytest
 
 from rlfleet.cli import main
-from rlfleet.procs import kill_group
-from rlfleet.slurm.commands import JobInfo, sbatch_test_only, scancel, scontrol_job
+from rlfleet.slurm.commands import sbatch_test_only
 from rlfleet.store import RunStore
-from rlfleet.workers.deploy import prefect_cli
-from tests.slurmcluster import SlurmCluster, missing_binaries
+from tests.slurmcluster import show, wait_job
 
 pytestmark = pytest.mark.slurm
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny"
-POOL = "rlfleet-slurm-test"
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    missing = missing_binaries()
-    if missing:  # never a skip: `make test` installs them (scripts/install-slurm.sh)
-        pytest.fail(
-            f"SLURM binaries missing: {missing}; run scripts/install-slurm.sh (apt-get install slurm-wlm munge)"
-        )
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2).start()
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(cluster.conf)  # sbatch, squeue, ... and every job's environment
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-        if old is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = old
-
-
-def wait_job(job_id: str, timeout_s: float = 600) -> JobInfo:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        info = scontrol_job(job_id)
-        if info is not None and info.final:
-            return info
-        time.sleep(1)
-    raise TimeoutError(f"SLURM job {job_id} not final after {timeout_s} s: {scontrol_job(job_id)}")
-
-
-def show(cluster: SlurmCluster, job_id: str) -> str:
-    """What squeue and scontrol say about a job (printed for the closing notes)."""
-    q = cluster.run(["squeue", "-j", job_id], check=False)
-    s = cluster.run(["scontrol", "show", "job", job_id], check=False).stdout
-    keep = [
-        ln.strip()
-        for ln in s.splitlines()
-        if ln.strip().startswith(("JobId", "JobState", "NodeList", "BatchHost"))
-    ]
-    text = f"$ squeue -j {job_id}\n{q.stdout}{q.stderr}$ scontrol show job {job_id} | grep ...\n" + "\n".join(
-        keep
-    )
-    print(text)
-    return text
 
 
 def submit(capsys, *argv: str) -> dict:
@@ -158,6 +103,17 @@ def test_bad_placement_for_sft_and_inference(tiny_model, tmp_path, capsys):
     assert main([*inf, "--slurm.job-name", "x"]) == 2
     assert "deployment.num_train_nodes: must be 0 for `rlfleet inference`" in capsys.readouterr().err
     assert not out.exists()
+    # what SFT does take: train nodes only, each a torchrun of `rlfleet sft` ranks (dry runs)
+    two = ["--deployment.num-infer-nodes", "0", "--deployment.num-train-nodes", "2", "--dry-run"]
+    submit(
+        capsys, *sft_args(tiny_model, out, "--deployment.type", "multi_node", "--slurm.job-name", "x", *two)
+    )
+    script = (out / "slurm" / "sft.sbatch").read_text()
+    assert "#SBATCH --nodes=2\n" in script and "--nnodes=2" in script and "rlfleet.cli sft @" in script
+    gpus = ["--deployment.num-train-gpus", "2", "--slurm.job-name", "x", "--dry-run"]
+    submit(capsys, *sft_args(tiny_model, tmp_path / "gpus", *gpus))
+    assert "#SBATCH --gpus-per-node=2\n" in (tmp_path / "gpus" / "slurm" / "sft.sbatch").read_text()
+    assert "num_train_gpus = 2" in (tmp_path / "gpus" / "configs" / "sft.toml").read_text()
 
 
 def test_dry_run_writes_a_script_sbatch_test_only_accepts(slurm, tiny_model, tmp_path, capsys):
@@ -230,16 +186,29 @@ def test_custom_template_gets_the_documented_variables(tiny_model, tmp_path, cap
 
 
 def test_sbatch_of_a_tiny_sft_job_runs_to_completion(slurm, prefect_api, tiny_model, tmp_path, capsys):
+    """Multi-node SFT: one gloo rank on each of the two nodes, rendezvous on the first."""
     out = tmp_path / "sft"
-    result = submit(capsys, *sft_args(tiny_model, out, "--max-steps", "6", "--slurm.job-name", "sft-tiny"))
+    nodes = [
+        "--deployment.type",
+        "multi_node",
+        "--deployment.num-infer-nodes",
+        "0",
+        "--deployment.num-train-nodes",
+        "2",
+    ]
+    result = submit(
+        capsys, *sft_args(tiny_model, out, "--max-steps", "6", "--slurm.job-name", "sft-tiny", *nodes)
+    )
     job = result["job_id"]
     info = wait_job(job)
     show(slurm, job)
-    log = out / "logs" / "slurm" / "sft-0.log"
-    assert info.state == "COMPLETED", f"{info}\n{log.read_text()[-3000:] if log.exists() else ''}"
+    logs = [out / "logs" / "slurm" / f"sft-{r}.log" for r in (0, 1)]
+    tails = "\n".join(f.read_text(errors="replace")[-1500:] for f in logs if f.exists())
+    assert info.state == "COMPLETED" and info.nodes == "n[1-2]", f"{info}\n{tails}"
     summary = json.loads((out / "summary.json").read_text())
     assert [s["step"] for s in summary["steps"]] == list(range(6))
-    assert log.stat().st_size > 0
+    assert "sft rank 1/2" in tails, "the second node trained as rank 1 of 2"
+    assert len(list((out / "checkpoints" / "step_5" / "dcp").glob("*.distcp"))) == 2, "one DCP shard per rank"
     assert json.loads((out / "slurm" / "job.json").read_text())["job_id"] == job
     assert "[slurm]" not in (out / "configs" / "sft.toml").read_text()
 
@@ -285,180 +254,3 @@ def test_multi_node_rl_job_places_inference_trainer_and_one_controller(
     assert (
         "http://127.0.0.1:" in (out / "configs" / "rl.toml").read_text()
     )  # the controller used n1's replica
-
-
-# -- the Prefect SLURM worker --------------------------------------------------------------------
-
-
-def _worker_env(tmp: Path) -> dict[str, str]:
-    """PYTHONPATH for the worker: this checkout first, and the `prefect.collections` entry point
-    when the installed rlfleet predates it (a dist-info shim; `pip install -e .` makes it real)."""
-    from importlib.metadata import entry_points
-
-    paths = [str(ROOT)]
-    if not any(ep.value == "rlfleet.workers.slurm" for ep in entry_points(group="prefect.collections")):
-        shim = tmp / "ep" / "rlfleet_slurm_worker-0.dist-info"
-        shim.mkdir(parents=True)
-        shim.joinpath("METADATA").write_text(
-            "Metadata-Version: 2.1\nName: rlfleet-slurm-worker\nVersion: 0\n"
-        )
-        shim.joinpath("entry_points.txt").write_text(
-            "[prefect.collections]\nrlfleet = rlfleet.workers.slurm\n"
-        )
-        paths.append(str(shim.parent))
-    old = os.environ.get("PYTHONPATH")
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(paths + ([old] if old else [])),
-        "PREFECT_WORKER_QUERY_SECONDS": "2",
-    }
-
-
-@pytest.fixture(scope="module")
-def slurm_worker(slurm, prefect_api, tmp_path_factory):
-    """`rlfleet deploy --type slurm`, then `prefect worker start --pool ... --type slurm`."""
-    tmp = tmp_path_factory.mktemp("slurm_worker")
-    env = _worker_env(tmp)
-    deploy = [
-        sys.executable,
-        "-m",
-        "rlfleet.cli",
-        "deploy",
-        "--pool",
-        POOL,
-        "--type",
-        "slurm",
-        "--root",
-        str(ROOT),
-    ]
-    out = subprocess.run(deploy, capture_output=True, text=True, timeout=300, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    prefect_cli("work-pool", "update", POOL, "--base-job-template", _job_template(tmp), env=env)
-    log = open(tmp / "worker.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--type", "slurm"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        cwd=ROOT,
-    )
-    yield proc, tmp / "worker.log"
-    kill_group(proc.pid)
-    log.close()
-
-
-def _job_template(tmp: Path) -> str:
-    """The default template with job_dir in the test's tmp dir and a 1 s poll."""
-    from rlfleet.workers.slurm import SlurmWorker
-
-    tpl = SlurmWorker.get_default_base_job_template()
-    tpl["variables"]["properties"]["job_dir"]["default"] = str(tmp / "jobs")
-    tpl["variables"]["properties"]["poll_interval_s"]["default"] = 1.0
-    path = tmp / "template.json"
-    path.write_text(json.dumps(tpl))
-    return str(path)
-
-
-def _run_deployment(name: str, config: dict, *job_variables: str) -> UUID:
-    jv = [a for v in job_variables for a in ("--job-variable", v)]
-    text = prefect_cli(
-        "deployment", "run", name, "--param", f"config={json.dumps(config)}", *jv, cwd=ROOT, timeout=300
-    )
-    return UUID(text.split("UUID:")[1].split()[0])
-
-
-def _wait_running(run_id: UUID, timeout_s: float = 300):
-    from tests.test_prefect import flow_run
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        run = flow_run(run_id)
-        if run.state.is_running() and run.infrastructure_pid:
-            return run
-        assert not run.state.is_final(), run.state
-        time.sleep(1)
-    raise TimeoutError(f"flow run {run_id} not running: {flow_run(run_id).state}")
-
-
-def _sft_params(tiny_model: Path, out: Path) -> dict:
-    """An SFT run far longer than the test waits: it is cancelled or killed while it trains."""
-    return {
-        "output_dir": str(out),
-        "max_steps": 100000,
-        "model": {"path": str(tiny_model)},
-        "data": {"path": str(EXAMPLE / "sft_repeat.jsonl"), "max_seq_len": 64},
-        "trainer": {"checkpoint_interval": 100000, "num_threads": 1},
-    }
-
-
-def test_worker_creates_a_slurm_pool(slurm_worker):
-    from prefect import get_client
-
-    with get_client(sync_client=True) as client:
-        pool = client.read_work_pool(POOL)
-    assert pool.type == "slurm"
-    props = pool.base_job_template["variables"]["properties"]
-    assert {"partition", "nodes", "gpus_per_node", "time", "account", "env", "extra_directives"} <= set(props)
-
-
-@pytest.mark.e2e
-def test_worker_runs_rl_main_as_a_slurm_job(slurm, slurm_worker, tiny_model, tmp_path):
-    from tests.test_e2e import rl_config
-    from tests.test_prefect import wait_final
-
-    out = tmp_path / "rl"
-    run_id = _run_deployment("rl/main", rl_config(tiny_model, out, 2).model_dump(mode="json"))
-    run = wait_final(run_id)
-    job = run.infrastructure_pid
-    info = wait_job(job, 120)  # the flow run is final a moment before its process (and job) exits
-    text = show(slurm, job)
-    assert run.state.is_completed(), f"{run.state}\n{slurm_worker[1].read_text()[-3000:]}"
-    assert info.state == "COMPLETED" and "JobState=COMPLETED" in text
-    assert [s["step"] for s in json.loads((out / "summary.json").read_text())["steps"]] == [0, 1]
-
-
-def test_cancelling_the_flow_run_scancels_its_job(slurm, slurm_worker, tiny_model, tmp_path):
-    from tests.test_prefect import wait_final
-
-    run_id = _run_deployment("sft/main", _sft_params(tiny_model, tmp_path / "c"))
-    job = _wait_running(run_id).infrastructure_pid
-    assert scontrol_job(job).state == "RUNNING"
-    prefect_cli("flow-run", "cancel", str(run_id), cwd=ROOT, timeout=120)
-    run = wait_final(run_id, timeout_s=180)
-    info = wait_job(job, 120)
-    text = show(slurm, job)
-    assert run.state.is_cancelled(), run.state
-    assert info.state == "CANCELLED" and "JobState=CANCELLED" in text
-
-
-def test_a_job_killed_by_scancel_crashes_its_flow_run_with_the_reason(
-    slurm, slurm_worker, tiny_model, tmp_path
-):
-    from tests.test_prefect import wait_final
-
-    run_id = _run_deployment("sft/main", _sft_params(tiny_model, tmp_path / "k"))
-    job = _wait_running(run_id).infrastructure_pid
-    scancel(job)  # behind Prefect's back, as an admin or a preemption script would
-    run = wait_final(run_id, timeout_s=180)
-    show(slurm, job)
-    print("flow run state:", run.state.name, "-", run.state.message)
-    assert run.state.is_crashed(), run.state
-    assert f"SLURM job {job} CANCELLED" in run.state.message
-
-
-def test_a_failed_job_crashes_its_flow_run_with_state_and_exit_code(
-    slurm, slurm_worker, tiny_model, tmp_path
-):
-    """A job whose command exits 3 before the flow starts: SLURM FAILED -> Crashed, with the reason."""
-    from tests.test_prefect import wait_final
-
-    run_id = _run_deployment("sft/main", _sft_params(tiny_model, tmp_path / "f"), "command=bash -c 'exit 3'")
-    run = wait_final(run_id, timeout_s=180)
-    show(slurm, run.infrastructure_pid)
-    print("flow run state:", run.state.name, "-", run.state.message)
-    assert run.state.is_crashed(), run.state
-    assert (
-        f"SLURM job {run.infrastructure_pid} FAILED" in run.state.message
-        and "exit code 3:0" in run.state.message
-    )

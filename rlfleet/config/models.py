@@ -244,10 +244,6 @@ def check_slurm_fit(
             raise ValueError(f"deployment.{field}: `rlfleet {command}` on multi_node needs at least 1")
         if not need and n:
             raise ValueError(f"deployment.{field}: must be 0 for `rlfleet {command}` (got {n})")
-    if command == "sft" and d.num_train_nodes > 1:
-        raise ValueError(
-            "deployment.num_train_nodes: multi-node SFT is not implemented (the SFT trainer is one process)"
-        )
 
 
 class TaskPolicy(Strict):
@@ -414,7 +410,6 @@ class SFTConfig(_RunBase):
     run_name: str | None = None
     data: SFTDataConfig
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    deployment: DeploymentConfig = Field(default_factory=DeploymentConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     tasks: TaskPolicy = Field(default_factory=TaskPolicy)
     deployment: Deployment = Field(default_factory=DeploymentConfig)
@@ -429,7 +424,7 @@ class SFTConfig(_RunBase):
 
     @model_validator(mode="after")
     def _trainer_only(self) -> SFTConfig:
-        if self.deployment.num_inference_gpus:
+        if self.deployment.type == "single_node" and self.deployment.num_inference_gpus:
             raise ValueError("deployment.num_inference_gpus: SFT runs no inference; set it to 0")
         return self
 

@@ -30,7 +30,8 @@ def template_variables(
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     multi = deployment.type == "multi_node"
-    gpus = deployment.gpus_per_node if multi else 0
+    # single_node: the one node needs every GPU the deployment places (inference + trainer)
+    gpus = deployment.gpus_per_node if multi else deployment.num_inference_gpus + deployment.num_train_gpus
     return {
         "command": command,
         "job_name": slurm.job_name,

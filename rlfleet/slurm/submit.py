@@ -47,8 +47,12 @@ def resolve(command: str, cfg: AnyJob) -> dict[str, BaseModel]:
     """The configs the job's processes read, by name."""
     d = cfg.deployment
     multi = d.type == "multi_node"
-    if command == "sft":
-        return {"sft": _copy(cfg, deployment={"type": "single_node"})}
+    hsdp: dict[str, Any] = {}
+    if multi and d.num_train_nodes // d.nodes_per_fsdp_group > 1:
+        hsdp["trainer.dp_replicate"] = d.num_train_nodes // d.nodes_per_fsdp_group
+    if command == "sft":  # on multi_node each train node's torchrun sees that node's GPUs
+        node = {"deployment": {"type": "single_node", "num_train_gpus": d.gpus_per_node}} if multi else {}
+        return {"sft": _copy(cfg, **node, **hsdp)}
     tp = cfg.inference.tensor_parallel_size
     reps = replicas_per_node(d.gpus_per_node if multi else 0, tp)
     node_inference = {"inference.num_replicas": reps} if multi else {}
@@ -59,10 +63,7 @@ def resolve(command: str, cfg: AnyJob) -> dict[str, BaseModel]:
                 cfg, deployment={"type": "single_node"}, gpu_ids=node_gpus or cfg.gpu_ids, **node_inference
             )
         }
-    update: dict[str, Any] = {}
-    if multi and d.num_train_nodes // d.nodes_per_fsdp_group > 1:
-        update["trainer.dp_replicate"] = d.num_train_nodes // d.nodes_per_fsdp_group
-    rl = _copy(cfg, **update)
+    rl = _copy(cfg, **hsdp)
     inference = _copy(rl.inference_job(), gpu_ids=node_gpus, **node_inference)
     return {
         "rl": rl,
