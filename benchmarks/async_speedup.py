@@ -11,6 +11,7 @@ rest). --pin pins k=0 the same way too (vLLM's OpenMP threads on CPU 0, one trai
 sampling of a tiny model mostly with per-token overheads, so a wider model balances the two.
 
     python benchmarks/async_speedup.py --steps 10 --out benchmarks/results/async_speedup_cpu_2core.json
+    python benchmarks/async_speedup.py --steps 10 --out gpu.json --deployment.num-inference-gpus 1 --deployment.num-train-gpus 1
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--levels", default="0,1")
     ap.add_argument("--out", required=True)
-    a = ap.parse_args()
-    extra = ["--orchestrator.batch-size", str(a.batch_size)]
+    a, overrides = ap.parse_known_args()  # anything else is an rl config override (e.g. GPU placement)
+    extra = ["--orchestrator.batch-size", str(a.batch_size), *overrides]
     if a.pin:
         extra += [
             "--inference.cpu-threads-bind",

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlfleet.config.deployment import DeploymentConfig
 from rlfleet.config.loader import to_toml
-from rlfleet.config.models import DeploymentConfig, ModelConfig, TrainerConfig, TrainerJobConfig
+from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import publish_rollout
 from rlfleet.store import RunStore

@@ -7,34 +7,18 @@ typo fails before anything starts, with the field's dotted path in the message.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Discriminator,
-    Field,
-    Tag,
-    field_validator,
-    model_validator,
+from pydantic import Field, field_validator, model_validator
+
+from rlfleet.config.base import NonEmptyStr, Strict
+from rlfleet.config.deployment import (
+    Deployment,
+    DeploymentConfig,
+    SlurmConfig,
+    check_slurm_fit,
 )
-
-
-def _non_empty(v: str) -> str:
-    if not v.strip():
-        raise ValueError("must not be empty")
-    return v
-
-
-NonEmptyStr = Annotated[str, AfterValidator(_non_empty)]
-"""A path or name that must not be blank (an empty output_dir would write into the cwd)."""
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class ModelConfig(Strict):
@@ -141,109 +125,6 @@ class TrainerConfig(Strict):
         if not all(0.0 <= b < 1.0 for b in v):
             raise ValueError("each beta must be in [0, 1)")
         return v
-
-
-class DeploymentConfig(Strict):
-    type: Literal["single_node"] = "single_node"
-    num_inference_gpus: int = Field(0, ge=0, description="0 = CPU inference.")
-    num_train_gpus: int = Field(0, ge=0, description="0 = CPU trainer.")
-
-
-class MultiNodeDeployment(Strict):
-    """A SLURM job of num_train_nodes + num_infer_nodes nodes (inference nodes first)."""
-
-    type: Literal["multi_node"]
-    num_train_nodes: int = Field(1, ge=0, description="Nodes running the torchrun trainer.")
-    num_infer_nodes: int = Field(1, ge=0, description="Nodes running vLLM replicas.")
-    gpus_per_node: int = Field(0, ge=0, description="0 = CPU nodes.")
-    nodes_per_fsdp_group: int = Field(
-        1, ge=1, description="Train nodes one FSDP group shards over; groups replicate (HSDP)."
-    )
-
-    @model_validator(mode="after")
-    def _groups(self) -> MultiNodeDeployment:
-        if self.num_train_nodes and self.num_train_nodes % self.nodes_per_fsdp_group:
-            raise ValueError(
-                f"deployment.nodes_per_fsdp_group ({self.nodes_per_fsdp_group}) must divide "
-                f"deployment.num_train_nodes ({self.num_train_nodes})"
-            )
-        return self
-
-    @property
-    def num_nodes(self) -> int:
-        return self.num_train_nodes + self.num_infer_nodes
-
-
-def _deployment_type(v: object) -> str:
-    return v.get("type", "single_node") if isinstance(v, dict) else getattr(v, "type", "single_node")
-
-
-Deployment = Annotated[
-    Annotated[DeploymentConfig, Tag("single_node")] | Annotated[MultiNodeDeployment, Tag("multi_node")],
-    Discriminator(_deployment_type),
-]
-"""`[deployment]`: `type` picks the model; it defaults to single_node."""
-
-_SLURM_TIME = re.compile(
-    r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^(\d+-)?\d+:\d{1,2}(:\d{1,2})?$|^UNLIMITED$|^INFINITE$"
-)
-
-
-class SlurmConfig(Strict):
-    """`[slurm]`: render an sbatch script, write it with the resolved configs, submit it."""
-
-    job_name: NonEmptyStr = "rlfleet"
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time: str = Field("01:00:00", description="sbatch --time: MM, HH:MM:SS, D-HH[:MM[:SS]].")
-    template_path: str | None = Field(
-        None, description="A custom Jinja2 sbatch template; default: deployments/templates/rlfleet.sbatch.j2."
-    )
-    dry_run: bool = Field(False, description="Write the script and configs, do not submit.")
-    extra_directives: list[str] = Field(
-        default_factory=list, description="More `#SBATCH` lines, e.g. '--exclusive', '--mem=0'."
-    )
-    rdzv_port: int = Field(29500, ge=1024, le=65535, description="torchrun port on the first train node.")
-
-    @field_validator("time")
-    @classmethod
-    def _time(cls, v: str) -> str:
-        if not _SLURM_TIME.match(v):
-            raise ValueError("not a SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS)")
-        return v
-
-    @field_validator("template_path")
-    @classmethod
-    def _template(cls, v: str | None) -> str | None:
-        if v is not None and not Path(v).is_file():
-            raise ValueError(f"{v} is not a file")
-        return v
-
-    @field_validator("extra_directives")
-    @classmethod
-    def _directives(cls, v: list[str]) -> list[str]:
-        for d in v:
-            if not d.startswith("-") or "\n" in d:
-                raise ValueError(f"{d!r}: each directive is one sbatch option like '--exclusive'")
-        return v
-
-
-def check_slurm_fit(
-    d: DeploymentConfig | MultiNodeDeployment, slurm: SlurmConfig | None, command: str
-) -> None:
-    """Which node counts each command's job needs; multi_node only runs as a SLURM job."""
-    if d.type == "single_node":
-        return
-    need_train, need_infer = {"rl": (True, True), "sft": (True, False), "inference": (False, True)}[command]
-    for field, n, need in (
-        ("num_train_nodes", d.num_train_nodes, need_train),
-        ("num_infer_nodes", d.num_infer_nodes, need_infer),
-    ):
-        if need and n < 1:
-            raise ValueError(f"deployment.{field}: `rlfleet {command}` on multi_node needs at least 1")
-        if not need and n:
-            raise ValueError(f"deployment.{field}: must be 0 for `rlfleet {command}` (got {n})")
 
 
 class TaskPolicy(Strict):

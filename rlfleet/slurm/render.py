@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from rlfleet.config.models import DeploymentConfig, MultiNodeDeployment, SlurmConfig
+from rlfleet.config.deployment import DeploymentConfig, MultiNodeDeployment, SlurmConfig
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "deployments" / "templates"
 DEFAULT_TEMPLATE = TEMPLATES / "rlfleet.sbatch.j2"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
+from rlfleet.config.deployment import DeploymentConfig, MultiNodeDeployment
 from rlfleet.config.loader import ConfigError
-from rlfleet.config.models import DeploymentConfig, MultiNodeDeployment, RLConfig
+from rlfleet.config.models import RLConfig
 
 
 def visible_gpus() -> list[str]:

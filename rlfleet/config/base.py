@@ -1,0 +1,21 @@
+"""What every config model shares: unknown keys are errors, and blank names are refused."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+
+def _non_empty(v: str) -> str:
+    if not v.strip():
+        raise ValueError("must not be empty")
+    return v
+
+
+NonEmptyStr = Annotated[str, AfterValidator(_non_empty)]
+"""A path or name that must not be blank (an empty output_dir would write into the cwd)."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
