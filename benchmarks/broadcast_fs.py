@@ -56,19 +56,18 @@ def one_shape(tmp: Path, name: str, reps: int) -> dict:
             sha256_s = time.perf_counter() - t2
             t3 = time.perf_counter()
             calls = reload_weights(url, path)
-            reload_s = time.perf_counter() - t3
-            t3 = time.perf_counter()
+            t4 = time.perf_counter()
             copy_dir = tmp / name / f"copy_{step}"
             shutil.copytree(path, copy_dir)
-            t4 = time.perf_counter()
+            t5 = time.perf_counter()
             shutil.rmtree(copy_dir)
             assert got == step
             rows.append(
                 {
                     "save_s": t1 - t0,
                     "verify_s": t2 - t1,
-                    "reload_s": reload_s,
-                    "copy_s": t4 - t3,
+                    "reload_s": t4 - t3,
+                    "copy_s": t5 - t4,
                     "sha256_s": sha256_s,
                     "calls": calls,
                 }

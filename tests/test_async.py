@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlfleet.config.deployment import DeploymentConfig
 from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
 from rlfleet.errors import DeterministicError
@@ -89,17 +90,5 @@ def test_async_cpu_run_splits_the_cores_between_vllm_and_the_trainer(tmp_path):
     )
     assert split_cpus(pinned, cpus=[0, 1]) == pinned, "a config that pins itself is left alone"
     assert split_cpus(_cfg(tmp_path, 1), cpus=[0]) == _cfg(tmp_path, 1)
-    gpus = load(
-        RLConfig,
-        [
-            "--model.path",
-            "m",
-            "--output-dir",
-            "o",
-            "--orchestrator.max-async-level",
-            "1",
-            "--deployment.num-train-gpus",
-            "1",
-        ],
-    )
+    gpus = _cfg(tmp_path, 1).model_copy(update={"deployment": DeploymentConfig(num_train_gpus=1)})
     assert split_cpus(gpus, cpus=[0, 1]) == gpus
