@@ -26,8 +26,9 @@ from common import median, rl_config, table, tiny_model, write
 from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
 
 from rlfleet.inference.pool import InferencePool
-from rlfleet.orchestrator.envs import get_env
-from rlfleet.orchestrator.rollout import load_tokenizer, prompt_ids, run_rollout
+from rlfleet.orchestrator.chat import prompt_ids
+from rlfleet.orchestrator.envs import load_envs
+from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout
 from rlfleet.orchestrator.sampler import sample_groups
 from rlfleet.store import RunStore
 
@@ -78,16 +79,16 @@ def main() -> None:
         )
         o = cfg.orchestrator
         store = RunStore(cfg.output_dir)
-        env, tok = get_env(o.env), load_tokenizer(str(model))
+        (env,), tok = load_envs(o.env), load_tokenizer(str(model))
         pool = InferencePool(cfg.inference_job())
         rows: list[dict] = []
         try:
             url = pool.ensure()[0]
 
             def orchestrator(step: int, ids: list[list[int]]) -> int:
-                return run_rollout(store, step, o, str(model), pool.ensure, cfg.seed, -1)[
-                    "num_completion_tokens"
-                ]
+                return run_rollout(
+                    store, step, o, str(model), pool.ensure, cfg.seed, -1, cfg.inference.max_model_len
+                )["num_completion_tokens"]
 
             def bench(step: int, ids: list[list[int]]) -> int:
                 return asyncio.run(vllm_bench(url, ids, o.group_size, o.max_tokens, o.temperature))
@@ -100,7 +101,10 @@ def main() -> None:
 
             ways = {"orchestrator": orchestrator, "vllm-bench": bench, "raw-http": raw}
             for rep in range(a.reps + 1):  # rep 0 warms up every path
-                ids = [prompt_ids(tok, p, env.chat) for p in env.prompts(rep, o.batch_size, cfg.seed)]
+                ids = [
+                    prompt_ids(tok, e.prompt, env.tools, env.chat)
+                    for e in env.examples(rep, o.batch_size, cfg.seed)
+                ]
                 names = list(ways)
                 names = names[rep % 3 :] + names[: rep % 3]
                 for name in names:

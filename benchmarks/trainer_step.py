@@ -24,7 +24,7 @@ from transformers import LlamaForCausalLM
 
 from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
 from rlfleet.orchestrator.batch import build_batches
-from rlfleet.orchestrator.rollout import publish_rollout
+from rlfleet.orchestrator.rollout import publish_rollout, single_turn
 from rlfleet.store import RunStore
 from rlfleet.trainer.tiny import build_tokenizer, tiny_config
 from rlfleet.trainer.worker import run_trainer
@@ -67,9 +67,7 @@ def publish_batches(
                     {
                         "group": g,
                         "prompt_uid": f"{step}-{g}",
-                        "prompt_ids": prompt,
-                        "completion_ids": completion,
-                        "logprobs": lps,
+                        **single_turn(prompt, completion, lps),
                         "reward": rng.random(),
                         "policy_step": step - 1,
                         "completion": "",

@@ -8,6 +8,7 @@ import os
 from rlfleet.config.checks import check_model, check_output_dir, check_ports, raise_if
 from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.models import RLConfig
+from rlfleet.orchestrator.envs import check_envs
 from rlfleet.procs import pid_alive, write_pidfile
 from rlfleet.store import CorruptArtifact, RunStore, stage, step_dir
 from rlfleet.trainer.checkpoint import latest_checkpoint
@@ -102,6 +103,9 @@ def newest_weights(store: RunStore, step: int, checksum: bool = True) -> tuple[i
 def preflight(cfg: RLConfig) -> tuple[list[str], list[str]]:
     """Check everything checkable before anything starts; returns (inference GPUs, trainer GPUs)."""
     problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_ports(cfg.inference)
+    problems += check_envs(cfg.orchestrator.env, "orchestrator.env")
+    if cfg.eval.interval:
+        problems += check_envs(cfg.eval.env, "eval.env")
     if cfg.deployment.type == "multi_node" and not cfg.inference.urls:
         problems.append(
             "deployment.type: multi_node runs as a SLURM job; add a [slurm] block "

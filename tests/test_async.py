@@ -10,7 +10,7 @@ from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
 from rlfleet.errors import DeterministicError
 from rlfleet.orchestrator.batch import build_batches
-from rlfleet.orchestrator.rollout import publish_rollout, staleness, usable
+from rlfleet.orchestrator.rollout import publish_rollout, single_turn, staleness, usable
 from rlfleet.store import RunStore, step_dir
 
 
@@ -35,9 +35,7 @@ def _records(policy_steps):
     return [
         {
             "group": i // 2,
-            "prompt_ids": [1, 5, 6],
-            "completion_ids": [7, 8],
-            "logprobs": [-1.0, -2.0],
+            **single_turn([1, 5, 6], [7, 8], [-1.0, -2.0]),
             "reward": float(i % 2),
             "policy_step": p,
         }

@@ -18,7 +18,7 @@ from rlfleet.config.deployment import DeploymentConfig
 from rlfleet.config.loader import to_toml
 from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
 from rlfleet.orchestrator.batch import build_batches
-from rlfleet.orchestrator.rollout import publish_rollout
+from rlfleet.orchestrator.rollout import publish_rollout, single_turn
 from rlfleet.store import RunStore
 from rlfleet.trainer.launch import TrainerProcess, torchrun_cmd
 from rlfleet.trainer.lm_head import chunked_logprobs
@@ -90,9 +90,7 @@ def _publish(store: RunStore, steps: int) -> None:
                     {
                         "group": g,
                         "prompt_uid": f"{step}-{g}",
-                        "prompt_ids": prompt,
-                        "completion_ids": completion,
-                        "logprobs": [-4.8] * len(completion),
+                        **single_turn(prompt, completion, [-4.8] * len(completion)),
                         "reward": rng.random(),
                         "policy_step": step - 1,
                         "completion": "",

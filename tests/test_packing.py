@@ -10,6 +10,7 @@ import torch
 
 from rlfleet.config.models import RLConfig, TrainerConfig
 from rlfleet.orchestrator.batch import pack, packed_micro_batches
+from rlfleet.orchestrator.rollout import single_turn
 from rlfleet.trainer.packing import first_fit
 from rlfleet.trainer.train import Policy, load_model, make_optimizer, train_step
 
@@ -19,12 +20,13 @@ def _records(n: int, vocab: int = 128, seed: int = 0) -> list[dict]:
     out = []
     for i in range(n):
         p, c = rng.randint(2, 9), rng.randint(1, 12)
+        prompt = [1] + [rng.randrange(3, vocab) for _ in range(p - 1)]
+        completion = [rng.randrange(3, vocab) for _ in range(c)]
+        logprobs = [-rng.uniform(0.5, 5.0) for _ in range(c)]
         out.append(
             {
                 "group": i // 4,
-                "prompt_ids": [1] + [rng.randrange(3, vocab) for _ in range(p - 1)],
-                "completion_ids": [rng.randrange(3, vocab) for _ in range(c)],
-                "logprobs": [-rng.uniform(0.5, 5.0) for _ in range(c)],
+                **single_turn(prompt, completion, logprobs),
                 "advantage": rng.uniform(-1.5, 1.5),
             }
         )
@@ -46,9 +48,9 @@ def test_packed_rows_hold_samples_with_restarting_positions():
     (mb,) = packed_micro_batches(recs, pad_id=0, seq_len=32, rows_per_micro=64)
     assert set(mb) == {"input_ids", "loss_mask", "old_logprobs", "advantages", "position_ids"}
     assert mb["input_ids"].shape[1] == 32
-    lengths = [len(r["prompt_ids"]) + len(r["completion_ids"]) for r in recs]
+    lengths = [len(r["input_ids"]) for r in recs]
     assert mb["input_ids"].shape[0] == len(first_fit(lengths, 32)) < len(recs)
-    assert int(mb["loss_mask"].sum()) == sum(len(r["completion_ids"]) for r in recs)
+    assert int(mb["loss_mask"].sum()) == sum(sum(r["loss_mask"]) for r in recs)
     assert int((mb["position_ids"] == 0).sum()) >= len(recs)  # each sample starts at position 0
     assert torch.isclose(mb["old_logprobs"].sum(), torch.tensor(sum(sum(r["logprobs"]) for r in recs))).item()
 
@@ -66,7 +68,7 @@ def test_packed_logprobs_equal_each_sample_alone(policy):
     packed, _ = policy(mb["input_ids"], 1.0, mb["position_ids"])
     got = packed[mb["loss_mask"][:, 1:].bool()]
     alone = []
-    for r in sorted(recs, key=lambda r: -(len(r["prompt_ids"]) + len(r["completion_ids"]))):
+    for r in sorted(recs, key=lambda r: -(len(r["input_ids"]))):
         one = pack([r], 0)
         lp, _ = policy(one["input_ids"])
         alone.append(lp[one["loss_mask"][:, 1:].bool()])
@@ -86,7 +88,7 @@ def test_packed_logprobs_equal_each_sample_alone(policy):
 
 def test_packed_train_step_equals_padded(tiny_model):
     recs = _records(16)
-    num_tokens = sum(len(r["completion_ids"]) for r in recs)
+    num_tokens = sum(sum(r["loss_mask"]) for r in recs)
     cfg = TrainerConfig(lr=1e-2)
     results = []
     for micro in (

@@ -19,6 +19,16 @@ from rlfleet.config.deployment import (
     SlurmConfig,
     check_slurm_fit,
 )
+from rlfleet.config.envs import (
+    EnvConfig,
+    EvalEnvConfig,
+    RepeatEnvConfig,
+    RepeatEvalEnv,
+    env_list,
+    env_name,
+    split_counts,
+    unique_names,
+)
 
 
 class ModelConfig(Strict):
@@ -50,7 +60,10 @@ class InferenceConfig(Strict):
 
 
 class OrchestratorConfig(Strict):
-    env: Literal["repeat"] = "repeat"
+    env: list[EnvConfig] = Field(
+        default_factory=lambda: [RepeatEnvConfig()],
+        description='The training tasks ([[orchestrator.env]]); `env = "repeat"` is shorthand.',
+    )
     batch_size: int = Field(16, ge=1, description="Prompts per step.")
     group_size: int = Field(8, ge=2, description="Samples per prompt (GRPO group).")
     max_tokens: int = Field(16, ge=1)
@@ -68,17 +81,55 @@ class OrchestratorConfig(Strict):
     )
     request_timeout_s: float = Field(120.0, gt=0)
 
+    @field_validator("env", mode="before")
+    @classmethod
+    def _as_list(cls, v: object) -> object:
+        return env_list(v)
+
+    @field_validator("env")
+    @classmethod
+    def _names(cls, v: list) -> list:
+        return unique_names(v)
+
+    @model_validator(mode="after")
+    def _shares(self) -> OrchestratorConfig:
+        counts = split_counts([e.weight for e in self.env], self.batch_size)
+        empty = [env_name(e) for e, c in zip(self.env, counts, strict=True) if c == 0]
+        if empty:
+            raise ValueError(
+                f"env: weights give {empty} none of batch_size={self.batch_size} prompts; "
+                "raise their weight or the batch size"
+            )
+        return self
+
+    def env_counts(self) -> list[int]:
+        """Prompts per step of each env, by weight."""
+        return split_counts([e.weight for e in self.env], self.batch_size)
+
 
 class EvalConfig(Strict):
-    """An environment's eval split through vLLM: mean reward and pass rate (reward 1.0)."""
+    """Eval envs through vLLM: mean reward, pass@1 and pass@k (a pass is reward >= 1.0)."""
 
-    env: Literal["repeat"] = "repeat"
-    num_prompts: int = Field(64, ge=1)
-    samples_per_prompt: int = Field(1, ge=1)
+    env: list[EvalEnvConfig] = Field(
+        default_factory=lambda: [RepeatEvalEnv()],
+        description="[[eval.env]] entries; their own dataset/split, num_examples, rollouts_per_example.",
+    )
+    num_examples: int = Field(64, ge=1, description="Default for envs that do not set their own.")
+    rollouts_per_example: int = Field(1, ge=1, description="Default k of pass@k.")
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
     interval: int = Field(0, ge=0, description="In an RL run: evaluate every k steps; 0 = never.")
     request_timeout_s: float = Field(120.0, gt=0)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _as_list(cls, v: object) -> object:
+        return env_list(v)
+
+    @field_validator("env")
+    @classmethod
+    def _names(cls, v: list) -> list:
+        return unique_names(v)
 
 
 class TrainerConfig(Strict):

@@ -14,18 +14,21 @@ from prefect.artifacts import create_table_artifact
 from rlfleet.config.checks import check_model, check_ports, raise_if
 from rlfleet.config.models import EvalJobConfig
 from rlfleet.flows.artifacts import artifact_key
+from rlfleet.orchestrator.envs import check_envs
 from rlfleet.tasks.eval import evaluate_checkpoint
 
 
 @flow(name="eval", flow_run_name="eval-{config.output_dir}-{config.checkpoint}")
 def eval_flow(config: EvalJobConfig) -> dict[str, Any]:
-    raise_if(check_model(config.model) + check_ports(config.inference))
+    raise_if(
+        check_model(config.model) + check_ports(config.inference) + check_envs(config.eval.env, "eval.env")
+    )
     record = evaluate_checkpoint.with_options(
         retries=1, timeout_seconds=config.inference.startup_timeout_s + 600
     )(config)
     create_table_artifact(
-        key=artifact_key(f"eval-{config.eval.env}", "result"),
-        table=[{k: record[k] for k in ("step", "env", "num_samples", "mean_reward", "pass_rate")}],
+        key=artifact_key("eval", "result"),
+        table=[{"step": record["step"], **e} for e in record["envs"]],
         description=f"eval of {config.output_dir} checkpoint {config.checkpoint}",
     )
     return record

@@ -104,7 +104,10 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
                 record, metrics, served = _step(cfg, inf_gpus, train_gpus, step, start, served, ahead)
                 store.write_json(f"steps/step_{step}.json", record)
                 if sink:
-                    sink.log(step, {**record, **{f"train/{k}": v for k, v in metrics.items()}})
+                    rollout_metrics = {f"rollout/{k}": v for k, v in record["env_metrics"].items()}
+                    sink.log(
+                        step, {**record, **rollout_metrics, **{f"train/{k}": v for k, v in metrics.items()}}
+                    )
                 log.info(
                     "step %d (%d/%d) reward %.3f loss %.4f staleness %d (%.1f s)",
                     step,
@@ -200,6 +203,8 @@ def _step(
     record = {
         "step": step,
         "mean_reward": roll["reward_mean"],
+        "reward_errors": roll.get("reward_errors", 0),  # samples whose reward function raised or timed out
+        "env_metrics": roll.get("metrics", {}),  # per env: reward functions' scores and named metrics
         "step_seconds": time.perf_counter() - s0,
         "loss": metrics["loss"],
         "train_seconds": metrics["train_seconds"],

@@ -1,8 +1,8 @@
 """Aggregate a step's rollouts into trainer micro-batches: advantages, padding, one file per micro-batch.
 
 Layout: `batches/step_N/rank_R/micro_K.safetensors`, tensors aligned to token positions:
-  input_ids [B, L]      prompt + completion, right-padded with pad_id
-  loss_mask [B, L]      1 where the token at that position was sampled (a completion token)
+  input_ids [B, L]      the trajectory (prompt, model turns, tool/env turns), right-padded with pad_id
+  loss_mask [B, L]      1 where the token at that position was sampled by the model, 0 elsewhere
   old_logprobs [B, L]   the sampler's logprob of that token (0 elsewhere)
   advantages [B]        GRPO advantage of the sequence
 With `orchestrator.seq_len` > 0 sequences are packed instead (rlfleet/trainer/packing.py): rows of
@@ -28,16 +28,16 @@ from rlfleet.trainer.packing import first_fit, pack_rows
 
 
 def pack(records: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
-    length = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in records)
+    length = max(len(r["input_ids"]) for r in records)
     n = len(records)
     input_ids = torch.full((n, length), pad_id, dtype=torch.long)
     loss_mask = torch.zeros((n, length), dtype=torch.float32)
     old_logprobs = torch.zeros((n, length), dtype=torch.float32)
     for i, r in enumerate(records):
-        p, c = len(r["prompt_ids"]), len(r["completion_ids"])
-        input_ids[i, : p + c] = torch.tensor(r["prompt_ids"] + r["completion_ids"])
-        loss_mask[i, p : p + c] = 1.0
-        old_logprobs[i, p : p + c] = torch.tensor(r["logprobs"])
+        k = len(r["input_ids"])
+        input_ids[i, :k] = torch.tensor(r["input_ids"])
+        loss_mask[i, :k] = torch.tensor(r["loss_mask"], dtype=torch.float32)
+        old_logprobs[i, :k] = torch.tensor(r["logprobs"], dtype=torch.float32)
     advantages = torch.tensor([r["advantage"] for r in records], dtype=torch.float32)
     return {
         "input_ids": input_ids,
@@ -48,12 +48,11 @@ def pack(records: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
 
 
 def _tokens(r: dict[str, Any]) -> dict[str, list[float]]:
-    p, c = len(r["prompt_ids"]), len(r["completion_ids"])
     return {
-        "input_ids": r["prompt_ids"] + r["completion_ids"],
-        "loss_mask": [0.0] * p + [1.0] * c,
-        "old_logprobs": [0.0] * p + list(r["logprobs"]),
-        "advantages": [r["advantage"]] * (p + c),
+        "input_ids": r["input_ids"],
+        "loss_mask": [float(m) for m in r["loss_mask"]],
+        "old_logprobs": list(r["logprobs"]),
+        "advantages": [r["advantage"]] * len(r["input_ids"]),
     }
 
 
@@ -119,7 +118,7 @@ def build_batches(
             micro = packed_micro_batches(rank_records, pad_id, seq_len, micro_batch_size)
         else:
             # Sort by length so padding inside a micro-batch stays small.
-            rank_records = sorted(rank_records, key=lambda r: len(r["prompt_ids"]) + len(r["completion_ids"]))
+            rank_records = sorted(rank_records, key=lambda r: len(r["input_ids"]))
             micro = [
                 pack(rank_records[i : i + micro_batch_size], pad_id)
                 for i in range(0, len(rank_records), micro_batch_size)
@@ -132,7 +131,7 @@ def build_batches(
         "world_size": world_size,
         "micro_batches": micro_counts,
         "num_sequences": len(records),
-        "num_loss_tokens": sum(len(r["completion_ids"]) for r in records),
+        "num_loss_tokens": sum(sum(r["loss_mask"]) for r in records),
         "reward_mean": statistics.fmean(r["reward"] for r in records),
         "policy_steps": sorted({r["policy_step"] for r in records}),
         "max_staleness": max(stale),

@@ -1,41 +1,62 @@
-"""Evaluation: an environment's eval split through running vLLM servers, scored by its reward.
+"""Evaluation: each eval env's examples through running vLLM servers, by the same generate-and-score
+path as training rollouts.
 
 Used by the `eval` flow (a checkpoint on its own servers) and by RL runs every `eval.interval`
-steps (the run's own servers, between steps). The eval prompts come from the `eval` split, so
-they never overlap the training stream.
+steps (the run's own servers, between steps). An eval env reads its own dataset/split; `repeat`
+draws from its `eval` split, which never overlaps the training stream. A sample passes when its
+reward is >= 1.0; pass@k is the unbiased estimator over `rollouts_per_example` = n samples.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from math import comb
 from typing import Any
 
+from rlfleet.config.envs import env_name
 from rlfleet.config.models import EvalConfig
-from rlfleet.orchestrator.envs import get_env
-from rlfleet.orchestrator.rollout import load_tokenizer, prompt_ids, sample_with_healing
+from rlfleet.orchestrator.envs import build_env
+from rlfleet.orchestrator.generate import SamplingParams, generate, raise_if_none_scored
+from rlfleet.orchestrator.rollout import load_tokenizer
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """P(at least one of k samples drawn from n, c of them correct, is correct)."""
+    return 1.0 if n - c < k else 1.0 - comb(n - c, k) / comb(n, k)
 
 
 def evaluate(
-    healthy_urls: Callable[[], list[str]], tokenizer_path: str, cfg: EvalConfig, seed: int
+    healthy_urls: Callable[[], list[str]], tokenizer_path: str, cfg: EvalConfig, max_model_len: int
 ) -> dict[str, Any]:
-    env = get_env(cfg.env)
     tok = load_tokenizer(tokenizer_path)
-    prompts = env.prompts(0, cfg.num_prompts, seed, split="eval")
-    ids = [prompt_ids(tok, p, env.chat) for p in prompts]
-    groups = sample_with_healing(
-        healthy_urls, ids, cfg.samples_per_prompt, cfg.max_tokens, cfg.temperature, cfg.request_timeout_s
-    )
-    rewards = [
-        env.reward(p, s.text, cfg.max_tokens)
-        for p, samples in zip(prompts, groups, strict=True)
-        for s in samples
-    ]
+    per_env = []
+    for env_cfg in cfg.env:
+        env = build_env(env_cfg)
+        n = env_cfg.rollouts_per_example or cfg.rollouts_per_example
+        examples = env.eval_examples(env_cfg.num_examples or cfg.num_examples)
+        params = SamplingParams(n, cfg.max_tokens, cfg.temperature, cfg.request_timeout_s, max_model_len)
+        groups = generate(env, examples, params, tok, healthy_urls)
+        raise_if_none_scored([t for g in groups for t in g])
+        rewards = [t.reward for g in groups for t in g]
+        passes = [sum(t.reward >= 1.0 for t in g) for g in groups]
+        per_env.append(
+            {
+                "env": env_name(env_cfg),
+                "num_examples": len(examples),
+                "rollouts_per_example": n,
+                "num_samples": len(rewards),
+                "mean_reward": statistics.fmean(rewards),
+                "pass@1": statistics.fmean(pass_at_k(n, c, 1) for c in passes),
+                f"pass@{n}": statistics.fmean(pass_at_k(n, c, n) for c in passes),
+                "reward_errors": sum(t.error is not None for g in groups for t in g),
+            }
+        )
+    samples = sum(e["num_samples"] for e in per_env)
     return {
-        "env": cfg.env,
-        "num_prompts": cfg.num_prompts,
-        "num_samples": len(rewards),
-        "mean_reward": statistics.fmean(rewards),
-        "pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards),
+        "envs": per_env,
+        "num_samples": samples,
+        "mean_reward": sum(e["mean_reward"] * e["num_samples"] for e in per_env) / samples,
+        "pass_rate": sum(e["pass@1"] * e["num_samples"] for e in per_env) / samples,
         "temperature": cfg.temperature,
     }

@@ -1,8 +1,7 @@
-"""One step of rollouts: prompts -> vLLM group samples -> rewards -> `rollouts/step_N` in the store."""
+"""One step of rollouts: each env's prompts -> trajectories with rewards -> `rollouts/step_N` in the store."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import statistics
@@ -15,9 +14,8 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from rlfleet.config.models import OrchestratorConfig
-from rlfleet.errors import TransientError, is_transient
-from rlfleet.orchestrator.envs import Environment, Prompt, get_env
-from rlfleet.orchestrator.sampler import Sample, sample_groups
+from rlfleet.orchestrator.envs import Trajectory, load_envs
+from rlfleet.orchestrator.generate import SamplingParams, generate, raise_if_none_scored
 from rlfleet.store import RunStore, step_dir
 
 log = logging.getLogger("rlfleet.orchestrator")
@@ -26,16 +24,6 @@ log = logging.getLogger("rlfleet.orchestrator")
 @lru_cache(maxsize=4)
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(path)
-
-
-def prompt_ids(tok: PreTrainedTokenizerBase, prompt: Prompt, chat: bool) -> list[int]:
-    if chat:
-        messages = [{"role": "user", "content": prompt.text}]
-        return list(
-            tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        )
-    ids = tok(prompt.text, add_special_tokens=False)["input_ids"]
-    return [tok.bos_token_id, *ids] if tok.bos_token_id is not None else ids
 
 
 def staleness(step: int, policy_step: int) -> int:
@@ -59,17 +47,18 @@ def run_rollout(
     healthy_urls: Callable[[], list[str]],
     seed: int,
     policy_step: int,
-    env: Environment | None = None,
+    max_model_len: int,
 ) -> dict[str, Any]:
-    """Sample `batch_size` prompts x `group_size` completions and publish them with rewards.
+    """Sample `batch_size` prompts (shared among the envs by weight) x `group_size` rollouts,
+    score them and publish the token-level trajectories.
 
     `policy_step` is the weight version the servers hold (-1 = initial weights); every sample
     records it so the trainer can tell how off-policy it is.
     """
-    env = env or get_env(cfg.env)
     tok = load_tokenizer(model_path)
-    prompts = env.prompts(step, cfg.batch_size, seed)
-    ids = [prompt_ids(tok, p, env.chat) for p in prompts]
+    params = SamplingParams(
+        cfg.group_size, cfg.max_tokens, cfg.temperature, cfg.request_timeout_s, max_model_len
+    )
     seen: list[str] = []
 
     def urls() -> list[str]:  # remembers the last answer: no second health check just to count
@@ -77,39 +66,81 @@ def run_rollout(
         return seen
 
     t0 = time.perf_counter()
-    groups = sample_with_healing(
-        urls, ids, cfg.group_size, cfg.max_tokens, cfg.temperature, cfg.request_timeout_s
-    )
+    groups: list[tuple[str, list[Trajectory]]] = []
+    for env, count in zip(load_envs(cfg.env), cfg.env_counts(), strict=True):
+        groups += [(env.name, g) for g in generate(env, env.examples(step, count, seed), params, tok, urls)]
     sample_seconds = time.perf_counter() - t0
-    num_replicas = len(seen)
+    raise_if_none_scored([t for _, g in groups for t in g])
     shards: dict[int, list[dict[str, Any]]] = {}
-    rewards = []
-    for i, (prompt, pids, samples) in enumerate(zip(prompts, ids, groups, strict=True)):
-        for sample in samples:
-            reward = env.reward(prompt, sample.text, cfg.max_tokens)
-            rewards.append(reward)
-            record = {
-                "group": i,
-                "prompt_uid": prompt.uid,
-                "prompt_ids": pids,
-                "completion_ids": sample.completion_ids,
-                "logprobs": sample.logprobs,
-                "reward": reward,
-                "policy_step": policy_step,
-                "completion": sample.text,
-            }
-            shards.setdefault(i % num_replicas, []).append(record)
+    for i, (name, group) in enumerate(groups):
+        for t in group:
+            shards.setdefault(i % max(len(seen), 1), []).append(trajectory_record(t, i, name, policy_step))
+    records = [r for s in shards.values() for r in s]
     meta = {
         "step": step,
         "policy_step": policy_step,
-        "num_samples": len(rewards),
+        "sample_seconds": sample_seconds,  # time inside inference and envs (benchmarks/control_plane.py)
+        **rollout_stats(records),
+    }
+    return publish_rollout(store, step, shards, meta)
+
+
+def trajectory_record(t: Trajectory, group: int, env: str, policy_step: int) -> dict[str, Any]:
+    """What `rollouts/step_N` keeps of a trajectory: the tokens the trainer needs, and the rest."""
+    return {
+        "group": group,
+        "env": env,
+        "example_uid": t.example.uid,
+        "input_ids": t.ids,
+        "loss_mask": t.mask,
+        "logprobs": t.logprobs,
+        "prompt_len": t.prompt_len,
+        "reward": t.reward,
+        "metrics": t.metrics,
+        "error": t.error,
+        "policy_step": policy_step,
+        "truncated": t.truncated,
+        "turns": t.turns,
+        "messages": t.messages,
+        "completion": t.completion,
+    }
+
+
+def single_turn(prompt_ids: list[int], completion_ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+    """The token fields of a one-turn trajectory record (benchmarks and tests build batches from these)."""
+    p = len(prompt_ids)
+    return {
+        "input_ids": prompt_ids + completion_ids,
+        "loss_mask": [0] * p + [1] * len(completion_ids),
+        "logprobs": [0.0] * p + list(logprobs),
+        "prompt_len": p,
+    }
+
+
+def rollout_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Step-level numbers of a rollout: rewards overall and per env, env metrics, failures."""
+    rewards = [r["reward"] for r in records]
+    out: dict[str, Any] = {
+        "num_samples": len(records),
         "reward_mean": statistics.fmean(rewards),
         "reward_std": statistics.pstdev(rewards),
         "reward_max": max(rewards),
-        "sample_seconds": sample_seconds,  # time inside inference (benchmarks/control_plane.py)
-        "num_completion_tokens": sum(len(r["completion_ids"]) for s in shards.values() for r in s),
+        "num_completion_tokens": sum(sum(r["loss_mask"]) for r in records),
+        "reward_errors": sum(r["error"] is not None for r in records),
+        "truncated": sum(r["truncated"] for r in records),
+        "turns_mean": statistics.fmean(len(r["turns"]) for r in records),
     }
-    return publish_rollout(store, step, shards, meta)
+    envs = sorted({r["env"] for r in records})
+    metrics: dict[str, float] = {}
+    for env in envs:
+        mine = [r for r in records if r["env"] == env]
+        if len(envs) > 1:
+            metrics[f"{env}/reward_mean"] = statistics.fmean(r["reward"] for r in mine)
+        for key in sorted({k for r in mine for k in r["metrics"]}):
+            values = [r["metrics"][key] for r in mine if key in r["metrics"]]
+            metrics[f"{env}/{key}"] = statistics.fmean(values)
+    out["metrics"] = metrics
+    return out
 
 
 def publish_rollout(
@@ -121,45 +152,6 @@ def publish_rollout(
     for replica, records in shards.items():
         (stage / f"replica_{replica}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return store.publish_dir(stage, rel, meta)
-
-
-def sample_with_healing(
-    healthy_urls: Callable[[], list[str]],
-    ids: list[list[int]],
-    n: int,
-    max_tokens: int,
-    temperature: float,
-    timeout_s: float,
-    attempts: int = 3,
-) -> list[list[Sample]]:
-    """Sample every prompt; requests that failed (a replica died) are re-sent, and only those,
-    after `healthy_urls()` has relaunched what was dead."""
-    groups: list[list[Sample] | None] = [None] * len(ids)
-    pending = list(range(len(ids)))
-    for attempt in range(attempts):
-        urls = healthy_urls()
-        results = asyncio.run(
-            sample_groups(urls, [ids[i] for i in pending], n, max_tokens, temperature, timeout_s)
-        )
-        failed = []
-        for i, result in zip(pending, results, strict=True):
-            if isinstance(result, BaseException):
-                if not is_transient(result):
-                    raise result
-                failed.append((i, result))
-            else:
-                groups[i] = result
-        if not failed:
-            return groups  # type: ignore[return-value]
-        log.warning(
-            "rollout attempt %d: %d of %d requests failed (%s); re-sending only those",
-            attempt + 1,
-            len(failed),
-            len(pending),
-            failed[0][1],
-        )
-        pending = [i for i, _ in failed]
-    raise TransientError(f"{len(pending)} requests still failing after {attempts} attempts") from failed[0][1]
 
 
 def read_rollout(store: RunStore, step: int) -> list[dict[str, Any]]:

@@ -8,12 +8,16 @@ trainer sees are exactly the ids vLLM sampled from; vLLM returns the completion'
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 
-from rlfleet.errors import DeterministicError, TransientError
+from rlfleet.errors import DeterministicError, TransientError, is_transient
 from rlfleet.net import tls
+
+log = logging.getLogger("rlfleet.orchestrator")
 
 
 @dataclass
@@ -123,3 +127,42 @@ async def sample_groups(
             results[i] = TransientError(f"no replica left to serve the request; last error: {cause}")
             results[i].__cause__ = cause
     return results  # type: ignore[return-value]
+
+
+def sample_with_healing(
+    healthy_urls: Callable[[], list[str]],
+    ids: list[list[int]],
+    n: int,
+    max_tokens: int,
+    temperature: float,
+    timeout_s: float,
+    attempts: int = 3,
+) -> list[list[Sample]]:
+    """Sample every prompt; requests that failed (a replica died) are re-sent, and only those,
+    after `healthy_urls()` has relaunched what was dead."""
+    groups: list[list[Sample] | None] = [None] * len(ids)
+    pending = list(range(len(ids)))
+    for attempt in range(attempts):
+        urls = healthy_urls()
+        results = asyncio.run(
+            sample_groups(urls, [ids[i] for i in pending], n, max_tokens, temperature, timeout_s)
+        )
+        failed = []
+        for i, result in zip(pending, results, strict=True):
+            if isinstance(result, BaseException):
+                if not is_transient(result):
+                    raise result
+                failed.append((i, result))
+            else:
+                groups[i] = result
+        if not failed:
+            return groups  # type: ignore[return-value]
+        log.warning(
+            "rollout attempt %d: %d of %d requests failed (%s); re-sending only those",
+            attempt + 1,
+            len(failed),
+            len(pending),
+            failed[0][1],
+        )
+        pending = [i for i, _ in failed]
+    raise TransientError(f"{len(pending)} requests still failing after {attempts} attempts") from failed[0][1]

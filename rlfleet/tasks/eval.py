@@ -53,7 +53,9 @@ def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
     )
     replicas = launch_replicas(serve, model_dir)
     try:
-        result = evaluate(lambda: [r.url for r in replicas], cfg.model.path, cfg.eval, cfg.seed)
+        result = evaluate(
+            lambda: [r.url for r in replicas], cfg.model.path, cfg.eval, cfg.inference.max_model_len
+        )
     finally:
         stop_replicas(replicas)
     return eval_record(store, step, result, "eval")
@@ -63,5 +65,5 @@ def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
 def evaluate_policy(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     """Evaluate the weights of `step` on the run's own servers (called right after their broadcast)."""
     pool = get_pool(cfg.inference_job(gpu_ids))
-    result = evaluate(pool.ensure, cfg.model.path, cfg.eval, cfg.seed)
+    result = evaluate(pool.ensure, cfg.model.path, cfg.eval, cfg.inference.max_model_len)
     return eval_record(RunStore(cfg.output_dir), step, result, "rl")

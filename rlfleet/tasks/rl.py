@@ -89,7 +89,16 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     if not usable(step, pool.policy_step, k):  # the flow schedules rollouts so this cannot happen
         raise DeterministicError(f"rollout {step} on weights {pool.policy_step}: off-policy beyond k={k}")
     return brief(
-        run_rollout(store, step, cfg.orchestrator, cfg.model.path, pool.ensure, cfg.seed, pool.policy_step)
+        run_rollout(
+            store,
+            step,
+            cfg.orchestrator,
+            cfg.model.path,
+            pool.ensure,
+            cfg.seed,
+            pool.policy_step,
+            cfg.inference.max_model_len,
+        )
     )
 
 

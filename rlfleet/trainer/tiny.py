@@ -18,8 +18,15 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 CHARS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]  # 95 printable + "\n"
+# Tools are listed by name only (a character-level model has no room for JSON schemas); tool
+# calls render in the Hermes format that `rlfleet.orchestrator.chat.parse_assistant` reads back.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if tools %}<tools>{% for t in tools %}{{ (t.function or t).name }}"
+    "{% if not loop.last %},{% endif %}{% endfor %}{{ '\\n' }}{% endif %}"
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] or '' }}"
+    "{% for c in m.get('tool_calls') or [] %}<tool_call>"
+    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}</tool_call>'
+    "{% endfor %}{{ '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}<assistant>{% endif %}"
 )
 
