@@ -102,7 +102,7 @@ def main() -> None:
             ways = {"orchestrator": orchestrator, "vllm-bench": bench, "raw-http": raw}
             for rep in range(a.reps + 1):  # rep 0 warms up every path
                 ids = [
-                    prompt_ids(tok, e.prompt, env.tools, env.chat)
+                    prompt_ids(tok, e.prompt, env.tools_for(e), env.chat)
                     for e in env.examples(rep, o.batch_size, cfg.seed)
                 ]
                 names = list(ways)

@@ -129,3 +129,87 @@ def test_more_gpus_than_visible(base, tmp_path, capsys, monkeypatch):
 def test_unknown_command(capsys):
     assert main(["fly"]) == 2
     assert "rlfleet rl" in capsys.readouterr().err
+
+
+ENV_TASK = """
+def exact(completion, answer):
+    return float(completion.strip() == answer)
+
+def needs_secret(completion, secret):
+    return 1.0
+
+def undocumented(a, b):
+    return a
+"""
+
+
+@pytest.mark.parametrize(
+    ("env_toml", "expected"),
+    [
+        ('type = "chess"\n', "orchestrator.env.0: Input tag 'chess' found using 'type'"),
+        (
+            'type = "python"\n[orchestrator.env.args]\ndataset = "d.jsonl"\n',
+            "orchestrator.env.0.python.args.rewards: Field required",
+        ),
+        (
+            'type = "python"\nweight = 0\n[orchestrator.env.args]\ndataset = "d.jsonl"\nrewards = ["t.py:exact"]\n',
+            "orchestrator.env.0.python.weight",
+        ),
+        (
+            'type = "python"\n[orchestrator.env.args]\ndataset = "nope.jsonl"\nrewards = ["t.py:exact"]\n',
+            "orchestrator.env.0.args.dataset: nope.jsonl: no such file or directory",
+        ),
+        (
+            'type = "python"\n[orchestrator.env.args]\ndataset = "d.jsonl"\nrewards = ["t.py:missing"]\n',
+            "orchestrator.env.0.args.rewards.0.fn: 't.py:missing': t.py has no attribute 'missing'",
+        ),
+        (
+            'type = "python"\n[orchestrator.env.args]\ndataset = "d.jsonl"\nrewards = ["no_such_pkg.mod:f"]\n',
+            "orchestrator.env.0.args.rewards.0.fn: 'no_such_pkg.mod:f': cannot import",
+        ),
+        (
+            'type = "python"\n[orchestrator.env.args]\ndataset = "d.jsonl"\nrewards = ["other.py:f"]\n',
+            "orchestrator.env.0.args.rewards.0.fn: 'other.py:f': no file",
+        ),
+        (
+            'type = "python"\n[orchestrator.env.args]\ndataset = "d.jsonl"\nprompt_column = "question"\nrewards = ["t.py:exact"]\n',
+            "orchestrator.env.0.args.prompt_column: no column 'question'",
+        ),
+        (
+            'type = "python"\n[orchestrator.env.args]\ndataset = "d.jsonl"\nrewards = ["t.py:needs_secret"]\n',
+            "orchestrator.env.0.args.rewards.0.fn: t.py:needs_secret needs ['secret']",
+        ),
+        (
+            'type = "python"\n[orchestrator.env.args]\ndataset = "d.jsonl"\nrewards = ["t.py:exact"]\ntools = ["t.py:undocumented"]\nmax_turns = 2\n',
+            "orchestrator.env.0.args.tools: 't.py:undocumented': no tool schema",
+        ),
+        (
+            'type = "python"\n[orchestrator.env.args]\ndataset = "d.jsonl"\nrewards = ["t.py:exact"]\nmax_turns = 3\n',
+            "max_turns > 1 needs tools or env_response",
+        ),
+        (
+            'type = "python"\n[orchestrator.env.args]\ndataset = "d.jsonl"\nreward = ["t.py:exact"]\n',
+            "orchestrator.env.0.python.args.reward: Extra inputs are not permitted",
+        ),
+        (
+            'type = "verifiers"\n[orchestrator.env.args]\nmodule = "no_such_taskset"\n',
+            "orchestrator.env.0.args.module: cannot load taskset 'no_such_taskset'",
+        ),
+        (
+            'type = "repeat"\n[[orchestrator.env]]\ntype = "repeat"\n',
+            "environment names must be unique; repeated: ['repeat']",
+        ),
+        (
+            'type = "repeat"\nweight = 100\n[[orchestrator.env]]\ntype = "repeat"\nname = "rare"\n',
+            "weights give ['rare'] none of batch_size=16 prompts",
+        ),
+    ],
+)
+def test_bad_env_fails_before_anything_starts(base, tmp_path, capsys, monkeypatch, env_toml, expected):
+    (tmp_path / "t.py").write_text(ENV_TASK)
+    (tmp_path / "d.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "env.toml").write_text("[[orchestrator.env]]\n" + env_toml)
+    monkeypatch.chdir(tmp_path)  # user code references are relative to the working directory
+    assert main(["rl", "@", str(tmp_path / "env.toml"), *base]) == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -180,6 +180,8 @@ def test_continuation_ids_append_the_new_message_without_retokenizing_the_turn()
     ids = first + sampled + continuation_ids(tok, reply, [], tok.decode(sampled[-1:]))
     assert ids[: len(first) + len(sampled)] == first + sampled
     assert tok.decode(ids) == "<user>hi\n<assistant>yo</s>\n<user>again\n<assistant>"
+    # the EOS the model sampled is the template's end of turn: it is not written twice
+    assert ids.count(tok.eos_token_id) == 1
 
 
 def test_pass_at_k():

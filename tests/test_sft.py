@@ -219,7 +219,7 @@ def test_chat_masks_only_assistant_tokens(tiny_model):
     assert ex.input_ids == list(expected)  # the same ids inference sees
     trained = "".join(tok.decode([t]) for t, m in zip(ex.input_ids, ex.loss_mask, strict=True) if m)
     ignored = "".join(tok.decode([t]) for t, m in zip(ex.input_ids, ex.loss_mask, strict=True) if not m)
-    assert trained == "A1\nB2\n"  # assistant content plus the template's end of turn
+    assert trained == "A1</s>\nB2</s>\n"  # assistant content plus the template's end of turn
     assert ignored == "<system>sys\n<user>u1\n<assistant><user>u2\n<assistant>"
 
 

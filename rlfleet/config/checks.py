@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -13,8 +14,30 @@ from rlfleet.config.models import InferenceConfig, ModelConfig
 MODEL_FILES = ("config.json", "tokenizer_config.json")
 
 
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+(@[\w./-]+)?")
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+
+
+def resolve_hub_id(path: str) -> str:
+    """The local snapshot of a hub model id (`org/name` or `org/name@revision`), through
+    huggingface_hub: its cache first, a download only where the hub is reachable and
+    HF_HUB_OFFLINE is unset."""
+    from huggingface_hub import snapshot_download
+
+    repo, _, revision = path.partition("@")
+    return snapshot_download(repo, revision=revision or None, allow_patterns=HUB_FILES)
+
+
 def check_model(model: ModelConfig) -> list[str]:
+    """A local HF directory, or a hub id: then `model.path` is rewritten to its local snapshot, so
+    every sub-config, process and checkpoint after preflight sees a directory."""
     p = Path(model.path)
+    if not p.is_dir() and HUB_ID.fullmatch(model.path) and not model.path.startswith((".", "/")):
+        try:
+            model.path = resolve_hub_id(model.path)
+        except Exception as e:  # not cached offline, unknown repo, no network: the user's to fix
+            return [f"model.path: {model.path} is not a local directory nor a model in the hub cache: {e}"]
+        p = Path(model.path)
     if not p.is_dir():
         return [f"model.path: {p} is not a directory (make one with `rlfleet model tiny --out {p}`)"]
     missing = [f for f in MODEL_FILES if not (p / f).is_file()]

@@ -60,6 +60,8 @@ class PythonArgs(Strict):
 
     @model_validator(mode="after")
     def _turns(self) -> PythonArgs:
+        if self.tools and self.max_turns < 2:
+            raise ValueError("tools need max_turns >= 2 (a tool's result goes back to the model)")
         if self.max_turns > 1 and not (self.tools or self.env_response):
             raise ValueError("max_turns > 1 needs tools or env_response (what answers the model?)")
         if (self.tools or self.env_response) and not self.chat:

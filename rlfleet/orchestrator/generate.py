@@ -44,7 +44,7 @@ def generate(
     """`params.n` scored trajectories per example, grouped by example."""
     groups = []
     for ex in examples:
-        ids = prompt_ids(tok, ex.prompt, env.tools, env.chat)
+        ids = prompt_ids(tok, ex.prompt, env.tools_for(ex), env.chat)
         messages = list(ex.prompt) if isinstance(ex.prompt, list) else []
         groups.append(
             [
@@ -129,7 +129,7 @@ async def _respond_all(
             continue
         tail = tok.decode(t.ids[-1:]) if t.turns and t.turns[-1]["end"] > t.turns[-1]["start"] else ""
         t.messages += reply
-        t.extend(continuation_ids(tok, reply, env.tools, tail))
+        t.extend(continuation_ids(tok, reply, env.tools_for(t.example), tail))
         if not _fits(t, params):
             t.truncated = t.done = True
 

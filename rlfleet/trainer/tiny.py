@@ -18,6 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 CHARS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]  # 95 printable + "\n"
+# An assistant turn ends with EOS (as Qwen's ends with <|im_end|>), so a chat-trained model stops.
 # Tools are listed by name only (a character-level model has no room for JSON schemas); tool
 # calls render in the Hermes format that `rlfleet.orchestrator.chat.parse_assistant` reads back.
 CHAT_TEMPLATE = (
@@ -26,7 +27,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] or '' }}"
     "{% for c in m.get('tool_calls') or [] %}<tool_call>"
     '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}</tool_call>'
-    "{% endfor %}{{ '\\n' }}{% endfor %}"
+    "{% endfor %}{% if m['role'] == 'assistant' %}</s>{% endif %}{{ '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}<assistant>{% endif %}"
 )
 

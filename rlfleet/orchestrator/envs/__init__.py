@@ -48,7 +48,10 @@ def check_envs(cfgs: list[Any], field: str) -> list[str]:
         where = f"{field}.{i}.args"
         try:
             env = build_env(cfg)
-        except (UserCodeError, ValueError, FileNotFoundError, ImportError) as e:
+        except UserCodeError as e:  # its message starts with the field under `args`
+            problems.append(f"{where}.{e}")
+            continue
+        except (ValueError, FileNotFoundError, ImportError) as e:
             problems.append(f"{where}: {e}")
             continue
         except Exception as e:  # a dataset or taskset that fails to load in any other way

@@ -86,13 +86,16 @@ class Environment(Protocol):
     name: str
     chat: bool  # prompts go through the tokenizer's chat template; False: raw text completion
     max_turns: int
-    tools: list[dict[str, Any]]  # OpenAI function schemas handed to the chat template ([] = none)
 
     def examples(self, step: int, count: int, seed: int) -> list[Example]:
         """The training stream: a function of (seed, step), so a resumed run sees the same data."""
         ...
 
     def eval_examples(self, count: int) -> list[Example]: ...
+
+    def tools_for(self, example: Example) -> list[dict[str, Any]]:
+        """OpenAI function schemas the chat template shows for this example ([] = none)."""
+        ...
 
     async def respond(self, traj: Trajectory) -> list[dict[str, Any]] | None:
         """The environment's messages after the model's turn, or None: the rollout is done."""
@@ -107,7 +110,9 @@ class SingleTurn:
     """Defaults for an environment whose rollout ends after the model's first turn."""
 
     max_turns = 1
-    tools: list[dict[str, Any]] = []
+
+    def tools_for(self, example: Example) -> list[dict[str, Any]]:
+        return []
 
     async def respond(self, traj: Trajectory) -> list[dict[str, Any]] | None:
         return None

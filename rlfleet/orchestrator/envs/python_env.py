@@ -33,7 +33,7 @@ class PythonEnv:
             with field(f"rewards.{i}.fn"):
                 self.rewards.append((UserFn(r.fn), r.weight))
         with field("tools"):
-            self.tools, self._tool_calls = python_tools(args.tools, args.tool_timeout_s)
+            self.tool_schemas, self._tool_calls = python_tools(args.tools, args.tool_timeout_s)
         self.env_response = None
         if args.env_response:
             with field("env_response"):
@@ -88,6 +88,9 @@ class PythonEnv:
 
     def eval_examples(self, count: int) -> list[Example]:
         return [self._example(i) for i in range(min(count, len(self.rows)))]
+
+    def tools_for(self, example: Example) -> list[dict[str, Any]]:
+        return self.tool_schemas
 
     def _available(self, traj: Trajectory) -> dict[str, Any]:
         ex = traj.example
