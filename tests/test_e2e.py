@@ -20,8 +20,10 @@ from tests.conftest import free_port
 pytestmark = pytest.mark.e2e
 
 
-def rl_config(model: Path, out: Path, max_steps: int, **overrides: str) -> RLConfig:
-    args = [
+def rl_config(
+    model: Path, out: Path, max_steps: int, files: tuple[Path, ...] = (), **overrides: str
+) -> RLConfig:
+    args = [arg for f in files for arg in ("@", str(f))] + [
         "--model.path",
         str(model),
         "--output-dir",

@@ -131,7 +131,7 @@ def test_ablation_table_and_eval(prefect_api, tiny_model, tmp_path):
     from rlfleet.flows.ablation import ablation
     from rlfleet.flows.eval import eval_flow
 
-    base = rl_config(tiny_model, tmp_path / "abl", 2, **{"eval.interval": "2", "eval.num-prompts": "8"})
+    base = rl_config(tiny_model, tmp_path / "abl", 2, **{"eval.interval": "2", "eval.num-examples": "8"})
     rows = ablation(base=base, grid={"trainer.lr": [1e-3, 1e-2]})
 
     assert [r["point"] for r in rows] == ["p0_lr-0.001", "p1_lr-0.01"]

@@ -131,6 +131,13 @@ class EvalConfig(Strict):
     def _names(cls, v: list) -> list:
         return unique_names(v)
 
+    @model_validator(mode="after")
+    def _greedy_once(self) -> EvalConfig:
+        many = [env_name(e) for e in self.env if (e.rollouts_per_example or self.rollouts_per_example) > 1]
+        if self.temperature == 0.0 and many:
+            raise ValueError(f"temperature: greedy (0) samples each example once; {many} ask for more (pass@k)")
+        return self
+
 
 class TrainerConfig(Strict):
     lr: float = Field(3e-3, gt=0.0)

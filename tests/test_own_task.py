@@ -1,0 +1,176 @@
+"""A user's own task end to end, on one real vLLM (CPU) + trainer + Prefect API run.
+
+One run carries every env type at once (a python env with several turns, a python env whose
+reward functions raise or hang on some samples, a verifiers taskset), a model given by hub id
+and resolved from a local offline cache, and eval envs with their own datasets: each vLLM CPU
+start costs ~40 s, so the checks share it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rlfleet.orchestrator.rollout import read_rollout
+from rlfleet.store import RunStore
+from tests.test_e2e import rl_config
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+
+TASK = """
+import time
+
+def exact(completion, answer):
+    return float(completion.strip() == answer)
+
+def graded(completion, answer, level, state):
+    return {"score": float(answer in completion), "turns": state["num_turns"], "level": level}
+
+def flaky(completion, info):
+    if info["level"] == 1:
+        raise ValueError("level 1 is not graded")
+    if info["level"] == 2:
+        time.sleep(3600)
+    return 0.5
+
+def again(state):
+    return None if state["num_turns"] >= 3 else "Again, shorter."
+"""
+
+
+def hub_cache(root: Path, model: Path, repo: str) -> Path:
+    """A Hugging Face hub cache holding `model` as `repo` (what a download would have left)."""
+    entry = root / f"models--{repo.replace('/', '--')}"
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(model, entry / "snapshots" / revision)
+    (entry / "refs").mkdir()
+    (entry / "refs" / "main").write_text(revision)
+    return root
+
+
+def test_own_tasks_train_and_eval(tiny_model, prefect_api, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from rlfleet.flows.rl import rl
+
+    rows = [{"question": f"{i}+1=", "answer": str(i + 1), "level": i % 3} for i in range(30)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:5]))
+    (tmp_path / "task.py").write_text(TASK)
+    monkeypatch.setattr(
+        constants, "HF_HUB_CACHE", str(hub_cache(tmp_path / "hub", tiny_model, "rlfleet/tiny"))
+    )
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # what HF_HUB_OFFLINE=1 sets at import
+    monkeypatch.chdir(tmp_path)
+    taskset = REPO / "examples/verifiers/arith_taskset.py"
+    (tmp_path / "envs.toml").write_text(
+        f"""
+[[orchestrator.env]]
+name = "talk"
+type = "python"
+[orchestrator.env.args]
+dataset = "train.jsonl"
+prompt_column = "question"
+rewards = ["task.py:exact", {{ fn = "task.py:graded", weight = 0.5 }}]
+env_response = "task.py:again"
+max_turns = 3
+
+[[orchestrator.env]]
+name = "flaky"
+type = "python"
+[orchestrator.env.args]
+dataset = "train.jsonl"
+prompt_column = "question"
+rewards = ["task.py:flaky"]
+reward_timeout_s = 1.0
+shuffle = false
+
+[[orchestrator.env]]
+name = "vf"
+type = "verifiers"
+[orchestrator.env.args]
+module = "{taskset}"
+kwargs = {{ num_tasks = 20 }}
+max_turns = 2
+
+[eval]
+interval = 2
+temperature = 1.0
+num_examples = 4
+
+[[eval.env]]
+name = "talk-eval"
+type = "python"
+rollouts_per_example = 2
+[eval.env.args]
+dataset = "eval.jsonl"
+prompt_column = "question"
+rewards = ["task.py:exact"]
+
+[[eval.env]]
+name = "vf-eval"
+type = "verifiers"
+[eval.env.args]
+module = "{taskset}"
+kwargs = {{ split = "eval", num_tasks = 4 }}
+"""
+    )
+    out = tmp_path / "run"
+    overrides = {"orchestrator.batch-size": "6", "orchestrator.max-tokens": "6", "model.path": "rlfleet/tiny"}
+    cfg = rl_config(tiny_model, out, max_steps=2, files=(tmp_path / "envs.toml",), **overrides)
+    state = rl(config=cfg, return_state=True)
+    assert state.is_completed(), state
+    store = RunStore(out)
+
+    # The hub id became the cached snapshot in every written sub-config.
+    assert "snapshots/0123456789abcdef" in (out / "configs/trainer.toml").read_text()
+
+    records = read_rollout(store, 1)
+    by_env = {e: [r for r in records if r["env"] == e] for e in ("talk", "flaky", "vf")}
+    assert {e: len(rs) for e, rs in by_env.items()} == {"talk": 8, "flaky": 8, "vf": 8}  # 2 prompts x 4 each
+
+    # Multi-turn: the mask is 1 exactly on the model's tokens; each turn's ids extend the last.
+    for r in by_env["talk"]:
+        mask, turns = r["loss_mask"], r["turns"]
+        assert len(r["input_ids"]) == len(mask) == len(r["logprobs"])
+        sampled = {i for t in turns for i in range(t["start"], t["end"])}
+        assert {i for i, m in enumerate(mask) if m} == sampled
+        assert all(lp == 0.0 for i, lp in enumerate(r["logprobs"]) if i not in sampled)
+        assert all(
+            a["end"] <= b["start"] for a, b in zip(turns, turns[1:], strict=False)
+        )  # env tokens between
+        assert [m["role"] for m in r["messages"]][:2] == ["user", "assistant"]
+    assert max(len(r["turns"]) for r in by_env["talk"]) == 3  # env_response answered twice
+
+    # Reward functions that raise or hang score 0 and are counted, with the error; the step goes on.
+    errors = {}
+    for s in (0, 1):  # rows in order: levels 0, 1 in step 0 and 2, 0 in step 1
+        for r in read_rollout(store, s):
+            if r["env"] == "flaky":
+                level = int(r["example_uid"].rsplit("-", 1)[1]) % 3
+                errors.setdefault(level, set()).add(r["error"])
+                assert r["reward"] == (0.5 if level == 0 else 0.0)
+    assert errors == {
+        0: {None},
+        1: {"reward task.py:flaky ValueError: level 1 is not graded"},
+        2: {"reward task.py:flaky timed out"},
+    }
+    step = store.read_json("steps/step_1.json")
+    assert step["reward_errors"] == sum(r["error"] is not None for r in records) > 0
+    assert {"talk/exact", "talk/graded/turns", "vf/exact_match", "vf/num_turns"} <= set(step["env_metrics"])
+
+    # The verifiers taskset was scored by its own rewards on our token-level trajectories.
+    assert all(set(r["metrics"]) == {"exact_match", "num_turns"} for r in by_env["vf"])
+    assert all(r["reward"] in (0.0, 1.0) for r in by_env["vf"])
+
+    # Eval at step 1 (interval 2): each eval env on its own data, pass@k with k = its rollouts.
+    ev = store.read_json("evals/step_1.json")
+    envs = {e["env"]: e for e in ev["envs"]}
+    assert envs["talk-eval"]["num_examples"] == 4 and envs["talk-eval"]["num_samples"] == 8
+    assert "pass@2" in envs["talk-eval"] and envs["vf-eval"]["num_samples"] == 4
+    assert 0.0 <= ev["pass_rate"] <= 1.0
