@@ -189,3 +189,48 @@ def test_pass_at_k():
     assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
     assert pass_at_k(4, 1, 4) == 1.0
     assert pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)
+
+
+def test_verifiers_taskset_tools_turns_and_scores():
+    """An unchanged verifiers taskset: tool schemas from its toolset, a tool call answered in
+    process, the next turn's ids appended, and its own reward and metric on the result."""
+    from rlfleet.config.envs import VerifiersArgs
+    from rlfleet.orchestrator.envs.verifiers_env import VerifiersEnv
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    env = VerifiersEnv(
+        VerifiersArgs(module=str(root / "examples/verifiers/arith_taskset.py"), kwargs={"num_tasks": 5}), "vf"
+    )
+    tok = build_tokenizer(128)
+    (ex,) = env.examples(step=0, count=1, seed=0)
+    tools = env.tools_for(ex)
+    assert [t["function"]["name"] for t in tools] == ["calc_add"]
+    assert ex.prompt[-1]["role"] == "user" and ex.answer == str(eval(ex.prompt[-1]["content"].rstrip("=")))
+
+    def run(texts: list[str]) -> tuple[float, dict, Trajectory]:
+        ids = prompt_ids(tok, ex.prompt, tools, chat=True)
+        assert tok.decode(ids).startswith("<tools>calc_add\n")
+        t = Trajectory(ex, ids, len(ids), list(ex.prompt), max_tokens=64)
+        for text in texts:
+            start = len(t.ids)
+            sampled = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            t.extend(sampled, [-0.5] * len(sampled))
+            t.turns.append({"text": text, "start": start, "end": len(t.ids), "finish_reason": "stop"})
+            t.messages.append(parse_assistant(text))
+            reply = asyncio.run(env.respond(t))
+            if reply:
+                before = list(t.ids)
+                t.messages += reply
+                t.extend(continuation_ids(tok, reply, tools, tok.decode(t.ids[-1:])))
+                assert t.ids[: len(before)] == before
+        return *asyncio.run(env.score(t)), t
+
+    assert run([ex.answer])[:2] == (1.0, {"exact_match": 1.0, "num_turns": 1.0})
+    assert run(["12345"])[0] == 0.0
+    call = '<tool_call>{"name": "calc_add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    score, metrics, t = run([call, ex.answer])
+    assert (score, metrics) == (1.0, {"exact_match": 1.0, "num_turns": 2.0})
+    assert t.turns[0]["tool_calls"] == [
+        {"name": "calc_add", "arguments": {"a": 2, "b": 3}, "result": "5", "error": None}
+    ]
+    assert "<tool>5\n<assistant>" in tok.decode(t.ids) and sum(t.mask) < len(t.ids)

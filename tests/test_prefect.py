@@ -152,7 +152,7 @@ def test_ablation_table_and_eval(prefect_api, tiny_model, tmp_path):
     cfg = load(
         EvalJobConfig,
         ["--output-dir", point, "--model.path", str(tiny_model), "--inference.port", str(free_port())]
-        + ["--eval.num-prompts", "16", "--inference.max-model-len", "128"],
+        + ["--eval.num-examples", "16", "--inference.max-model-len", "128"],
     )
     record = eval_flow(config=cfg)
     assert record["step"] == 1 and record["source"] == "eval" and record["num_samples"] == 16

@@ -135,7 +135,9 @@ class EvalConfig(Strict):
     def _greedy_once(self) -> EvalConfig:
         many = [env_name(e) for e in self.env if (e.rollouts_per_example or self.rollouts_per_example) > 1]
         if self.temperature == 0.0 and many:
-            raise ValueError(f"temperature: greedy (0) samples each example once; {many} ask for more (pass@k)")
+            raise ValueError(
+                f"temperature: greedy (0) samples each example once; {many} ask for more (pass@k)"
+            )
         return self
 
 

@@ -80,13 +80,25 @@ class VerifiersEnv:
         return Example(f"{self.name}-{i}", messages, own.get("answer"), info)
 
     def examples(self, step: int, count: int, seed: int) -> list[Example]:
-        return [self._example(i) for i in stream_indices(len(self.tasks), step, count, seed, True)]
+        return self._with_tools(
+            [self._example(i) for i in stream_indices(len(self.tasks), step, count, seed, True)]
+        )
 
     def eval_examples(self, count: int) -> list[Example]:
-        return [self._example(i) for i in range(min(count, len(self.tasks)))]
+        return self._with_tools([self._example(i) for i in range(min(count, len(self.tasks)))])
+
+    def _with_tools(self, examples: list[Example]) -> list[Example]:
+        """Set up the examples' toolsets now, outside the rollout's event loop."""
+
+        async def setup() -> None:
+            for ex in examples:
+                await self._task_tools(self.tasks[ex.info["task_index"]])
+
+        asyncio.run(setup())
+        return examples
 
     def tools_for(self, example: Example) -> list[dict[str, Any]]:
-        return asyncio.run(self._task_tools(self.tasks[example.info["task_index"]]))[0]
+        return self._tools[self.tasks[example.info["task_index"]].key][0]
 
     async def _task_tools(self, task: Any) -> tuple[list[dict], dict[str, Any]]:
         """OpenAI schemas and in-process MCP servers of a task's toolsets (set up once per task)."""
