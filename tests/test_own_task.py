@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
 from rlfleet.orchestrator.rollout import read_rollout
 from rlfleet.store import RunStore
@@ -146,6 +147,13 @@ kwargs = {{ split = "eval", num_tasks = 4 }}
         )  # env tokens between
         assert [m["role"] for m in r["messages"]][:2] == ["user", "assistant"]
     assert max(len(r["turns"]) for r in by_env["talk"]) == 3  # env_response answered twice
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    for r in by_env["talk"]:
+        ids, turns = r["input_ids"], r["turns"]
+        for t in turns:  # the ids trained on are the ones vLLM sampled for that turn's text
+            assert tok.decode(ids[t["start"] : t["end"]], skip_special_tokens=True) == t["text"]
+        for a, b in zip(turns, turns[1:], strict=False):  # turn t+1's prompt = turn t's ids + the reply
+            assert tok.decode(ids[a["end"] : b["start"]]).endswith("<user>Again, shorter.\n<assistant>")
 
     # Reward functions that raise or hang score 0 and are counted, with the error; the step goes on.
     errors = {}

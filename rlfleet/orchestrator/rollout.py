@@ -127,6 +127,7 @@ def rollout_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
         "reward_max": max(rewards),
         "num_completion_tokens": sum(sum(r["loss_mask"]) for r in records),
         "reward_errors": sum(r["error"] is not None for r in records),
+        "first_error": next((f"{r['env']}: {r['error']}" for r in records if r["error"]), None),
         "truncated": sum(r["truncated"] for r in records),
         "turns_mean": statistics.fmean(len(r["turns"]) for r in records),
     }

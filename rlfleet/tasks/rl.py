@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 from prefect.tasks import exponential_backoff
@@ -88,7 +88,7 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     pool = get_pool(cfg.inference_job(gpu_ids))
     if not usable(step, pool.policy_step, k):  # the flow schedules rollouts so this cannot happen
         raise DeterministicError(f"rollout {step} on weights {pool.policy_step}: off-policy beyond k={k}")
-    return brief(
+    out = brief(
         run_rollout(
             store,
             step,
@@ -100,6 +100,15 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
             cfg.inference.max_model_len,
         )
     )
+    if out["reward_errors"]:  # contained user code, but the user must see it in the run's log
+        get_run_logger().warning(
+            "rollout %d: %d of %d samples failed to score and got reward 0; first: %s",
+            step,
+            out["reward_errors"],
+            out["num_samples"],
+            out["first_error"],
+        )
+    return out
 
 
 @task(name="aggregate", task_run_name="aggregate-{step}", cache_key_fn=step_key)
