@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from rlfleet.config.checks import check_model, check_output_dir, raise_if
 from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.models import InferenceJobConfig, RLConfig, SFTConfig
+from rlfleet.orchestrator.envs import check_envs
 from rlfleet.slurm.commands import sbatch
 from rlfleet.slurm.render import render, replicas_per_node, template_variables
 from rlfleet.store import RunStore
@@ -81,7 +82,10 @@ def submit(command: str, cfg: AnyJob, env: dict[str, str] | None = None) -> dict
         raise ConfigError(
             "output_dir: a SLURM job writes its logs and configs to a shared filesystem path, not a URL"
         )
-    raise_if(check_model(cfg.model) + check_output_dir(cfg.output_dir))
+    problems = check_model(cfg.model) + check_output_dir(cfg.output_dir)
+    if isinstance(cfg, RLConfig):  # a bad env fails here, not minutes later inside the job
+        problems += check_envs(cfg.orchestrator.env, "orchestrator.env")
+    raise_if(problems)
     jobs = resolve(command, cfg)
     out = Path(cfg.output_dir.removeprefix("file://")).resolve()
     paths = {name: out / "configs" / f"{name}.toml" for name in jobs}
