@@ -234,3 +234,20 @@ def test_verifiers_taskset_tools_turns_and_scores():
         {"name": "calc_add", "arguments": {"a": 2, "b": 3}, "result": "5", "error": None}
     ]
     assert "<tool>5\n<assistant>" in tok.decode(t.ids) and sum(t.mask) < len(t.ids)
+
+
+def test_a_step_where_every_sample_failed_to_score_fails_with_the_first_error(task_dir):
+    from rlfleet.errors import DeterministicError
+    from rlfleet.orchestrator.generate import raise_if_none_scored
+
+    env = _env()
+    trajs = [_traj(env, "x") for _ in range(3)]
+    for i, t in enumerate(trajs):
+        t.error = f"reward task.py:boom ValueError: {i}"
+    with pytest.raises(
+        DeterministicError,
+        match="every sample failed to score; first error: reward task.py:boom ValueError: 0",
+    ):
+        raise_if_none_scored(trajs)
+    trajs[1].error = None
+    raise_if_none_scored(trajs)  # one scored sample: the step goes on
