@@ -41,7 +41,48 @@ def flaky(completion, info):
 
 def again(state):
     return None if state["num_turns"] >= 3 else "Again, shorter."
+
+def lookup() -> str:
+    '''Look the answer up.'''
+    return "7"
+
+def answered(completion, state):
+    return float(bool(state["tool_calls"]) and completion.strip() == "7")
 """
+
+
+def tool_caller(base: Path, out: Path) -> Path:
+    """The tiny model SFT'd (in process, seconds) to open with a `lookup` tool call and then answer,
+    so the rollouts below really sample tool calls from vLLM."""
+    from rlfleet.config.models import SFTConfig
+    from rlfleet.trainer.sft import run_sft
+
+    call = {"type": "function", "function": {"name": "lookup", "arguments": {}}}
+    schema = {"type": "function", "function": {"name": "lookup", "description": "Look the answer up."}}
+    rows = [
+        {
+            "tools": [schema],
+            "messages": [
+                {"role": "user", "content": f"{i}+1="},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": "7"},
+                {"role": "assistant", "content": "7"},
+            ],
+        }
+        for i in range(32)
+    ]
+    data = out.parent / "tool_sft.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = SFTConfig.model_validate(
+        {
+            "output_dir": str(out),
+            "max_steps": 40,
+            "model": {"path": str(base)},
+            "data": {"path": str(data), "batch_size": 16, "micro_batch_size": 16, "max_seq_len": 96},
+            "trainer": {"lr": 3e-3, "checkpoint_interval": 40, "num_threads": 1},
+        }
+    )
+    return Path(run_sft(cfg, progress=False)["weights"])
 
 
 def hub_cache(root: Path, model: Path, repo: str) -> Path:
@@ -63,9 +104,8 @@ def test_own_tasks_train_and_eval(tiny_model, prefect_api, tmp_path, monkeypatch
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:5]))
     (tmp_path / "task.py").write_text(TASK)
-    monkeypatch.setattr(
-        constants, "HF_HUB_CACHE", str(hub_cache(tmp_path / "hub", tiny_model, "rlfleet/tiny"))
-    )
+    model = tool_caller(tiny_model, tmp_path / "sft")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache(tmp_path / "hub", model, "rlfleet/tiny")))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # what HF_HUB_OFFLINE=1 sets at import
     monkeypatch.chdir(tmp_path)
     taskset = REPO / "examples/verifiers/arith_taskset.py"
@@ -90,6 +130,16 @@ prompt_column = "question"
 rewards = ["task.py:flaky"]
 reward_timeout_s = 1.0
 shuffle = false
+
+[[orchestrator.env]]
+name = "calc"
+type = "python"
+[orchestrator.env.args]
+dataset = "train.jsonl"
+prompt_column = "question"
+rewards = ["task.py:answered"]
+tools = ["task.py:lookup"]
+max_turns = 2
 
 [[orchestrator.env]]
 name = "vf"
@@ -122,21 +172,41 @@ kwargs = {{ split = "eval", num_tasks = 4 }}
 """
     )
     out = tmp_path / "run"
-    overrides = {"orchestrator.batch-size": "6", "orchestrator.max-tokens": "6", "model.path": "rlfleet/tiny"}
+    overrides = {
+        "orchestrator.batch-size": "8",
+        "orchestrator.max-tokens": "64",  # a tool call is 59 characters of the character-level model
+        "inference.max-model-len": "512",
+        "model.path": "rlfleet/tiny",
+    }
     cfg = rl_config(tiny_model, out, max_steps=2, files=(tmp_path / "envs.toml",), **overrides)
     state = rl(config=cfg, return_state=True)
     assert state.is_completed(), state
     store = RunStore(out)
+    tok = AutoTokenizer.from_pretrained(model)
 
     # The hub id became the cached snapshot in every written sub-config.
     assert "snapshots/0123456789abcdef" in (out / "configs/trainer.toml").read_text()
 
     records = read_rollout(store, 1)
-    by_env = {e: [r for r in records if r["env"] == e] for e in ("talk", "flaky", "vf")}
-    assert {e: len(rs) for e, rs in by_env.items()} == {"talk": 8, "flaky": 8, "vf": 8}  # 2 prompts x 4 each
+    by_env = {e: [r for r in records if r["env"] == e] for e in ("talk", "flaky", "calc", "vf")}
+    assert {e: len(rs) for e, rs in by_env.items()} == {"talk": 8, "flaky": 8, "calc": 8, "vf": 8}  # 2 x 4
+
+    # Tools: vLLM sampled the call, the tool ran, its result is context (mask 0) for the next turn.
+    called = [r for r in by_env["calc"] if r["turns"][0].get("tool_calls")]
+    assert called, [r["completion"] for r in by_env["calc"]]
+    for r in called:
+        assert r["turns"][0]["tool_calls"] == [
+            {"name": "lookup", "arguments": {}, "result": "7", "error": None}
+        ]
+        assert [m["role"] for m in r["messages"]][:4] == ["user", "assistant", "tool", "assistant"]
+        first, second = r["turns"]
+        between = r["input_ids"][first["end"] : second["start"]]
+        assert tok.decode(between).endswith("<tool>7\n<assistant>")
+        assert not any(r["loss_mask"][first["end"] : second["start"]])
+        assert r["reward"] == float(second["text"].strip() == "7")
 
     # Multi-turn: the mask is 1 exactly on the model's tokens; each turn's ids extend the last.
-    for r in by_env["talk"]:
+    for r in by_env["talk"] + by_env["calc"]:
         mask, turns = r["loss_mask"], r["turns"]
         assert len(r["input_ids"]) == len(mask) == len(r["logprobs"])
         sampled = {i for t in turns for i in range(t["start"], t["end"])}
@@ -147,7 +217,6 @@ kwargs = {{ split = "eval", num_tasks = 4 }}
         )  # env tokens between
         assert [m["role"] for m in r["messages"]][:2] == ["user", "assistant"]
     assert max(len(r["turns"]) for r in by_env["talk"]) == 3  # env_response answered twice
-    tok = AutoTokenizer.from_pretrained(tiny_model)
     for r in by_env["talk"]:
         ids, turns = r["input_ids"], r["turns"]
         for t in turns:  # the ids trained on are the ones vLLM sampled for that turn's text

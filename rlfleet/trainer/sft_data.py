@@ -1,7 +1,8 @@
 """SFT data: local JSONL/parquet rows -> token ids with a loss mask, batched in a seed-fixed order.
 
-Two row formats. Chat: `{"messages": [{"role", "content"}, ...]}`, rendered with the tokenizer's
-chat template; only the assistant turns (with the template's end-of-turn text) carry loss.
+Two row formats. Chat: `{"messages": [{"role", "content"}, ...], "tools": [...]?}`, rendered with
+the tokenizer's chat template (with the row's tool schemas, as an RL rollout with those tools
+renders them); only the assistant turns (with the template's end-of-turn text) carry loss.
 Prompt/completion: `{"prompt", "completion"}`, encoded as BOS + prompt + completion + EOS like the
 RL rollouts' raw prompts; only completion and EOS carry loss.
 
@@ -96,6 +97,9 @@ def row_problem(row: dict[str, Any], fmt: str) -> str | None:
     messages = row.get("messages")
     if not isinstance(messages, list) or not messages:
         return "needs a non-empty 'messages' list"
+    tools = row.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        return "has 'tools' that are not a list of function schemas"
     for m in messages:
         if (
             not isinstance(m, dict)
@@ -130,11 +134,15 @@ def check_data(cfg: SFTDataConfig) -> list[str]:
 
 
 # -- tokenizing --------------------------------------------------------------------------------
-def _render(tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]], gen: bool) -> str:
-    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+def _render(
+    tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]], gen: bool, tools: list | None
+) -> str:
+    return tok.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=gen)
 
 
-def encode_chat(tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> Example:
+def encode_chat(
+    tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> Example:
     """Render the whole conversation once; mask the characters each assistant turn adds.
 
     An assistant turn i spans from the end of render(messages[:i], generation prompt) to the end
@@ -143,13 +151,13 @@ def encode_chat(tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) ->
     """
     if not tok.is_fast:
         raise DataError("data.format: chat masking needs a fast tokenizer (character offsets)")
-    full = _render(tok, messages, gen=False)
+    full = _render(tok, messages, gen=False, tools=tools)
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = _render(tok, messages[:i], gen=True) if i else ""
-        upto = _render(tok, messages[: i + 1], gen=False)
+        before = _render(tok, messages[:i], gen=True, tools=tools) if i else ""
+        upto = _render(tok, messages[: i + 1], gen=False, tools=tools)
         if not (full.startswith(upto) and upto.startswith(before)):
             raise DataError(
                 "data.format: the chat template renders earlier turns differently once later ones "
@@ -172,7 +180,7 @@ def encode_prompt_completion(tok: PreTrainedTokenizerBase, prompt: str, completi
 
 def encode(tok: PreTrainedTokenizerBase, row: dict[str, Any], fmt: str, max_seq_len: int) -> Example:
     if fmt == "chat":
-        ex = encode_chat(tok, row["messages"])
+        ex = encode_chat(tok, row["messages"], row.get("tools"))
     else:
         ex = encode_prompt_completion(tok, row["prompt"], row["completion"])
     return Example(ex.input_ids[:max_seq_len], ex.loss_mask[:max_seq_len])
