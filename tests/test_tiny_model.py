@@ -25,6 +25,17 @@ def test_tiny_model_loads_and_round_trips(tiny_model):
     assert all(tok.decode([i]) for i in range(model.config.vocab_size)), "every sampleable id decodes"
 
 
+def test_filler_tokens_never_show_in_text(tiny_model):
+    """Ids past the character set pad the vocab; as special tokens they decode to nothing in the
+    text vLLM returns, so `<extra_N>`'s letters cannot score on the repeat task."""
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    fillers = [i for i in range(len(tok)) if tok.convert_ids_to_tokens(i).startswith("<extra_")]
+    assert len(fillers) == 128 - 4 - 96
+    a = tok("a", add_special_tokens=False)["input_ids"][0]
+    assert tok.decode([a, *fillers[:3], a], skip_special_tokens=True) == "aa"
+    assert tok("<extra_0>", add_special_tokens=False)["input_ids"] == [fillers[0]]  # never split into letters
+
+
 def test_same_seed_same_weights(tmp_path):
     a = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / "a", seed=1))
     b = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / "b", seed=1))

@@ -36,11 +36,13 @@ def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     tokens = SPECIALS + CHARS
     if vocab_size < len(tokens):
         raise ValueError(f"vocab_size must be >= {len(tokens)}")
-    tokens += [f"<extra_{i}>" for i in range(vocab_size - len(tokens))]
-    vocab = {t: i for i, t in enumerate(tokens)}
+    fillers = [f"<extra_{i}>" for i in range(vocab_size - len(tokens))]
+    vocab = {t: i for i, t in enumerate(tokens + fillers)}
     # BPE without merges = one token per character; Fuse joins decoded characters without spaces.
     tok = Tokenizer(BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tok.add_special_tokens(SPECIALS)
+    # Fillers are special: decoded text (vLLM skips special tokens) never shows them, so their
+    # letters cannot score on a text reward or push real characters out of a character window.
+    tok.add_special_tokens(SPECIALS + fillers)
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -48,6 +50,7 @@ def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
         eos_token="</s>",
         unk_token="<unk>",
         pad_token="<pad>",
+        additional_special_tokens=fillers,
         chat_template=CHAT_TEMPLATE,
         model_max_length=4096,
         clean_up_tokenization_spaces=False,
