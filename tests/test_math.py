@@ -89,6 +89,18 @@ def test_grpo_loss_value_and_stats():
     assert stats["mismatch_kl_sum"] > 0
 
 
+def test_mismatch_kl_resolves_a_one_in_a_million_gap():
+    """vLLM's and the trainer's logprobs differ by ~1e-6: the KL must not round to 0.0."""
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float32)
+    old = logprobs + torch.tensor([[1e-6, -2e-6, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    _, stats = grpo_loss(logprobs, old, torch.tensor([1.0]), mask, 2)
+    gaps = (logprobs.double() - old.double())[0, :2]
+    want = float((torch.expm1(gaps) - gaps).sum())
+    assert want > 0 and float(stats["mismatch_kl_sum"]) == pytest.approx(want, rel=1e-6)
+    assert float(stats["logprob_diff_max"]) == float(gaps.abs().max()) < 3e-6  # the masked 5.0 is left out
+
+
 def test_grpo_loss_gradient_only_through_unclipped_masked_in_tokens():
     logprobs, old, adv, mask = _tensors()
     loss, _ = grpo_loss(logprobs, old, adv, mask, NUM_TOKENS, CLIP_LOW, CLIP_HIGH)

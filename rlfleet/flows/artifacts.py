@@ -25,7 +25,16 @@ def metric_rows(store: RunStore, steps: list[dict[str, Any]]) -> list[dict[str, 
         if store.exists(f"metrics/step_{step}.json"):
             m = store.read_json(f"metrics/step_{step}.json")
             row |= {
-                k: m[k] for k in ("loss", "grad_norm", "clip_frac", "mismatch_kl", "train_seconds") if k in m
+                k: m[k]
+                for k in (
+                    "loss",
+                    "grad_norm",
+                    "clip_frac",
+                    "mismatch_kl",
+                    "logprob_diff_max",
+                    "train_seconds",
+                )
+                if k in m
             }
         if store.exists(f"evals/step_{step}.json"):
             row["eval_reward"] = store.read_json(f"evals/step_{step}.json")["mean_reward"]

@@ -52,10 +52,16 @@ class Parallel:
         return box[0]
 
     def sum(self, values: list[float]) -> list[float]:
+        return self._reduce(values, dist.ReduceOp.SUM)
+
+    def max(self, values: list[float]) -> list[float]:
+        return self._reduce(values, dist.ReduceOp.MAX)
+
+    def _reduce(self, values: list[float], op: dist.ReduceOp) -> list[float]:
         if not self.enabled or self.world == 1:
             return values
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
+        dist.all_reduce(t, op=op)
         return t.tolist()
 
 

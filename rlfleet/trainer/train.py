@@ -124,10 +124,17 @@ def accumulate(
         loss, stats = loss_fn(mb, logprobs, entropy)
         (loss * world if world > 1 else loss).backward()
         for k, v in {"loss": loss.detach(), **stats}.items():
-            totals[k] = totals[k] + v if k in totals else v.detach().double()
+            v = v.detach().double()
+            if k not in totals:
+                totals[k] = v
+            else:  # `*_max` statistics are maxima; everything else sums
+                totals[k] = torch.maximum(totals[k], v) if k.endswith("_max") else totals[k] + v
     keys = sorted(totals)
     values = torch.stack([totals[k] for k in keys]).tolist() if keys else []
-    return dict(zip(keys, par.sum(values) if par is not None else values, strict=True))
+    if par is not None:
+        summed, maxed = par.sum(values), par.max(values)
+        values = [m if k.endswith("_max") else s for k, s, m in zip(keys, summed, maxed, strict=True)]
+    return dict(zip(keys, values, strict=True))
 
 
 def optimizer_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
@@ -182,6 +189,7 @@ def train_step(
         "mask_frac": totals["masked_tokens"] / n,
         "ratio_mean": totals["ratio_sum"] / n,
         "mismatch_kl": totals["mismatch_kl_sum"] / n,
+        "logprob_diff_max": totals["logprob_diff_max"],  # max |trainer - sampler| logprob of a token
         "num_loss_tokens": num_loss_tokens,
         "train_seconds": time.perf_counter() - start,
     }
