@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from rlfleet.config.base import NonEmptyStr, Strict
 
@@ -158,3 +158,7 @@ def split_counts(weights: list[float], total: int) -> list[int]:
     for i in order[: total - sum(counts)]:
         counts[i] += 1
     return counts
+
+
+EnvList = Annotated[list[EnvConfig], BeforeValidator(env_list), AfterValidator(unique_names)]
+EvalEnvList = Annotated[list[EvalEnvConfig], BeforeValidator(env_list), AfterValidator(unique_names)]

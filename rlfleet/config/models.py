@@ -19,16 +19,7 @@ from rlfleet.config.deployment import (
     SlurmConfig,
     check_slurm_fit,
 )
-from rlfleet.config.envs import (
-    EnvConfig,
-    EvalEnvConfig,
-    RepeatEnvConfig,
-    RepeatEvalEnv,
-    env_list,
-    env_name,
-    split_counts,
-    unique_names,
-)
+from rlfleet.config.envs import EnvList, EvalEnvList, RepeatEnvConfig, RepeatEvalEnv, env_name, split_counts
 
 
 class ModelConfig(Strict):
@@ -60,7 +51,7 @@ class InferenceConfig(Strict):
 
 
 class OrchestratorConfig(Strict):
-    env: list[EnvConfig] = Field(
+    env: EnvList = Field(
         default_factory=lambda: [RepeatEnvConfig()],
         description='The training tasks ([[orchestrator.env]]); `env = "repeat"` is shorthand.',
     )
@@ -81,20 +72,9 @@ class OrchestratorConfig(Strict):
     )
     request_timeout_s: float = Field(120.0, gt=0)
 
-    @field_validator("env", mode="before")
-    @classmethod
-    def _as_list(cls, v: object) -> object:
-        return env_list(v)
-
-    @field_validator("env")
-    @classmethod
-    def _names(cls, v: list) -> list:
-        return unique_names(v)
-
     @model_validator(mode="after")
     def _shares(self) -> OrchestratorConfig:
-        counts = split_counts([e.weight for e in self.env], self.batch_size)
-        empty = [env_name(e) for e, c in zip(self.env, counts, strict=True) if c == 0]
+        empty = [env_name(e) for e, c in zip(self.env, self.env_counts(), strict=True) if c == 0]
         if empty:
             raise ValueError(
                 f"env: weights give {empty} none of batch_size={self.batch_size} prompts; "
@@ -110,7 +90,7 @@ class OrchestratorConfig(Strict):
 class EvalConfig(Strict):
     """Eval envs through vLLM: mean reward, pass@1 and pass@k (a pass is reward >= 1.0)."""
 
-    env: list[EvalEnvConfig] = Field(
+    env: EvalEnvList = Field(
         default_factory=lambda: [RepeatEvalEnv()],
         description="[[eval.env]] entries; their own dataset/split, num_examples, rollouts_per_example.",
     )
@@ -120,16 +100,6 @@ class EvalConfig(Strict):
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
     interval: int = Field(0, ge=0, description="In an RL run: evaluate every k steps; 0 = never.")
     request_timeout_s: float = Field(120.0, gt=0)
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _as_list(cls, v: object) -> object:
-        return env_list(v)
-
-    @field_validator("env")
-    @classmethod
-    def _names(cls, v: list) -> list:
-        return unique_names(v)
 
     @model_validator(mode="after")
     def _greedy_once(self) -> EvalConfig:

@@ -21,7 +21,9 @@ _SENTINEL = "\x00rlfleet-turn\x00"
 _BASE = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _SENTINEL}]
 
 
-def render(tok: PreTrainedTokenizerBase, messages: list[dict], tools: list[dict], generation: bool) -> str:
+def render(
+    tok: PreTrainedTokenizerBase, messages: list[dict], tools: list[dict] | None, generation: bool
+) -> str:
     return tok.apply_chat_template(
         messages, tools=tools or None, add_generation_prompt=generation, tokenize=False
     )

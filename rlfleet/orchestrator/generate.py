@@ -52,9 +52,11 @@ def generate(
                 for _ in range(params.n)
             ]
         )
-    first = [g for g in groups if _fits(g[0], params)]
+    first = []
     for g in groups:
-        if g not in first:
+        if _fits(g[0], params):
+            first.append(g)
+        else:  # the prompt alone leaves no room for max_tokens
             for t in g:
                 t.truncated = t.done = True
     if first:  # one request per example carries all n samples

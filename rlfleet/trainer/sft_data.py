@@ -24,6 +24,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from rlfleet.config.models import SFTDataConfig
+from rlfleet.orchestrator.chat import render
 from rlfleet.trainer.packing import first_fit, pack_rows
 
 SUFFIXES = (".jsonl", ".parquet")
@@ -134,12 +135,6 @@ def check_data(cfg: SFTDataConfig) -> list[str]:
 
 
 # -- tokenizing --------------------------------------------------------------------------------
-def _render(
-    tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]], gen: bool, tools: list | None
-) -> str:
-    return tok.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=gen)
-
-
 def encode_chat(
     tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
 ) -> Example:
@@ -151,13 +146,13 @@ def encode_chat(
     """
     if not tok.is_fast:
         raise DataError("data.format: chat masking needs a fast tokenizer (character offsets)")
-    full = _render(tok, messages, gen=False, tools=tools)
+    full = render(tok, messages, tools, generation=False)
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = _render(tok, messages[:i], gen=True, tools=tools) if i else ""
-        upto = _render(tok, messages[: i + 1], gen=False, tools=tools)
+        before = render(tok, messages[:i], tools, generation=True) if i else ""
+        upto = render(tok, messages[: i + 1], tools, generation=False)
         if not (full.startswith(upto) and upto.startswith(before)):
             raise DataError(
                 "data.format: the chat template renders earlier turns differently once later ones "
