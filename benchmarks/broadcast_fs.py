@@ -25,11 +25,11 @@ import torch
 from common import median, rl_config, table, tiny_model, write
 from transformers import AutoModelForCausalLM
 
-from rlfleet.inference.client import reload_weights
 from rlfleet.inference.pool import InferencePool
-from rlfleet.runs import newest_weights
 from rlfleet.store import RunStore
 from rlfleet.trainer.checkpoint import publish_weights
+from rlfleet.weights.client import load
+from rlfleet.weights.filesystem import newest_weights
 
 SHAPES = {"tiny": {}, "small": {"hidden": 512, "layers": 8, "heads": 8}}
 
@@ -55,7 +55,7 @@ def one_shape(tmp: Path, name: str, reps: int) -> dict:
             newest_weights(store, step)  # not part of the broadcast: what a resume pays instead
             sha256_s = time.perf_counter() - t2
             t3 = time.perf_counter()
-            calls = reload_weights(url, path)
+            calls = load(url, {"transport": "filesystem", "step": step, "path": path})
             t4 = time.perf_counter()
             copy_dir = tmp / name / f"copy_{step}"
             shutil.copytree(path, copy_dir)

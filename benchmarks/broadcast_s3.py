@@ -31,12 +31,12 @@ from transformers import AutoModelForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.s3server
 
 from rlfleet.config.models import InferenceConfig, ModelConfig, RLConfig  # noqa: E402
-from rlfleet.inference.client import reload_weights  # noqa: E402
 from rlfleet.inference.pool import InferencePool  # noqa: E402
-from rlfleet.runs import newest_weights  # noqa: E402
 from rlfleet.store import RunStore, stage  # noqa: E402
 from rlfleet.trainer.checkpoint import publish_weights  # noqa: E402
 from rlfleet.trainer.tiny import make_tiny_model  # noqa: E402
+from rlfleet.weights.client import load  # noqa: E402
+from rlfleet.weights.filesystem import newest_weights  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.s3server import moto_server  # noqa: E402
 
@@ -56,7 +56,7 @@ def broadcast_reps(store: RunStore, model, tokenizer_dir: Path, url: str, reps: 
         t1 = time.perf_counter()
         got, path = newest_weights(store, step)
         t2 = time.perf_counter()
-        reload_weights(url, path)
+        load(url, {"transport": "filesystem", "step": step, "path": path})
         t3 = time.perf_counter()
         assert got == step
         rows.append({"publish_s": t1 - t0, "fetch_s": t2 - t1, "reload_s": t3 - t2, "total_s": t3 - t0})

@@ -70,7 +70,7 @@ def machine() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "loadavg_at_end": os.getloadavg(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "note": "2-core box shared with other agents' light work; heavy runs serialized by a lock",
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
 
 

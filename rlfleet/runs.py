@@ -10,7 +10,7 @@ from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.models import RLConfig
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.procs import pid_alive, write_pidfile
-from rlfleet.store import CorruptArtifact, RunStore, stage, step_dir
+from rlfleet.store import RunStore, step_dir
 from rlfleet.trainer.checkpoint import latest_checkpoint
 from rlfleet.workers.placement import assign_gpus
 
@@ -58,7 +58,7 @@ def discard_stale(store: RunStore, start: int) -> list[str]:
             if s >= first:
                 store.remove(step_dir(kind, s))
                 removed.append(step_dir(kind, s))
-    for kind in ("metrics", "steps"):
+    for kind in ("metrics", "steps", "sync"):  # sync/: a dead trainer's weight tickets
         if not store.exists(kind):
             continue
         for path in store.fs.ls(store.path(kind), detail=False):
@@ -67,37 +67,6 @@ def discard_stale(store: RunStore, start: int) -> list[str]:
                 store.fs.rm(path)
                 removed.append(f"{kind}/{name}")
     return removed
-
-
-WEIGHTS_CACHED = 2  # staged snapshots a node keeps: the one served and the one replacing it
-
-
-def newest_weights(store: RunStore, step: int, checksum: bool = True) -> tuple[int, str]:
-    """(step, local path) of verified weights for `step`, else of the newest verified ones before it.
-
-    Weights come from `weights/step_N` or a checkpoint's `model/`; a missing, truncated or corrupt
-    snapshot is skipped with a warning naming it, so vLLM never loads a half-written file. From a
-    remote store they are staged to this node's local cache first (checked against the manifest).
-    checksum=False checks a local snapshot's manifest and file sizes only: the broadcast's hot path,
-    reading what this run's trainer published (and hashed) moments ago. A resume re-hashes it all.
-    """
-    candidates = sorted(
-        {s for kind in ("weights", "checkpoints") for s in store.complete_steps(kind) if s <= step},
-        reverse=True,
-    )
-    for s in candidates:
-        for rel, sub in ((step_dir("weights", s), ""), (step_dir("checkpoints", s), "model")):
-            try:
-                local = stage(store, rel, keep=WEIGHTS_CACHED, checksum=checksum)
-            except FileNotFoundError:
-                continue
-            except CorruptArtifact as e:
-                log.warning("weights in %s are corrupt (%s); trying an older snapshot", rel, e)
-                continue
-            if s != step:
-                log.warning("no complete weights for step %d; using step %d's", step, s)
-            return s, str(local / sub) if sub else str(local)
-    raise FileNotFoundError(f"no complete weights for step <= {step} in {store.url}")
 
 
 def preflight(cfg: RLConfig) -> tuple[list[str], list[str]]:
@@ -116,6 +85,18 @@ def preflight(cfg: RLConfig) -> tuple[list[str], list[str]]:
     except ConfigError as e:
         problems.append(str(e))
         gpus = ([], [])
+    shared = [
+        f"{field} needs vLLM and the trainer on one GPU; they got {gpus[0] or 'none'} and {gpus[1] or 'none'}"
+        for field, on in (
+            (
+                "weights.transport: cuda_ipc maps the trainer's GPU memory into vLLM, so it",
+                cfg.weights.transport == "cuda_ipc",
+            ),
+            ("inference.sleep", cfg.inference.sleep),
+        )
+        if on and not set(gpus[0]) & set(gpus[1])
+    ]
+    problems += shared
     raise_if(problems)
     return gpus
 

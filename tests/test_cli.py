@@ -43,12 +43,29 @@ def base(tiny_model, tmp_path):
         (["--deployment.num-train-gpus", "2"], "deployment.num_train_gpus"),
         (["--max-steps", "2.5"], "max_steps"),
         (["--optimizer.lr", "1"], "optimizer"),
+        (["--weights.transport", "rdma"], "weights.transport"),
+        (["--weights.transport", "cuda_ipc"], "cuda_ipc needs vLLM and the trainer on one shared GPU"),
+        (
+            ["--weights.transport", "nccl", "--deployment.num-train-gpus", "2"],
+            "nccl sends from one trainer rank",
+        ),
+        (["--weights.transport", "nccl", "--inference.urls", '["http://h:1"]'], "use filesystem"),
         (["stray"], "unexpected argument 'stray'"),
     ],
 )
 def test_bad_config_fails_naming_the_field(base, tmp_path, capsys, args, expected):
     assert main(["rl", *base, *args]) == 2
     assert expected in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cuda_ipc_across_two_gpus_fails_before_anything_starts(base, tmp_path, capsys, monkeypatch):
+    """Two visible GPUs give vLLM and the trainer one each: no memory to share, so cuda_ipc is refused."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    gpus = ["--deployment.num-inference-gpus", "1", "--deployment.num-train-gpus", "1"]
+    assert main(["rl", *base, *gpus, "--weights.transport", "cuda_ipc"]) == 2
+    err = capsys.readouterr().err
+    assert "weights.transport: cuda_ipc maps the trainer's GPU memory" in err and "['0'] and ['1']" in err
     assert not (tmp_path / "out").exists()
 
 

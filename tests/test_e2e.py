@@ -128,34 +128,71 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
         assert vllm_cores and not vllm_cores & set(written["trainer"]["trainer"]["cpu_affinity"])
 
 
-def test_broadcast_changes_served_logprobs(tiny_model, tmp_path):
-    """After reload_weights, vLLM serves the trained weights: its logprobs move and match HF's."""
+def test_weight_transports_change_served_logprobs(tiny_model, tmp_path):
+    """Each step's weights reach a real vLLM server through the filesystem and through the nccl
+    transport (gloo on CPU: the trainer's sender in this process, rlfleet's worker extension in
+    vLLM's): after each load vLLM's logprobs match HF's on those weights. A second sender (a
+    relaunched trainer: a new group) is joined by the same server without a restart."""
+    import threading
+
     from transformers import AutoModelForCausalLM
 
     from rlfleet.inference.client import prompt_logprobs
     from rlfleet.inference.pool import InferencePool
     from rlfleet.trainer.loss import token_logprobs
+    from rlfleet.trainer.parallel import Parallel
+    from rlfleet.weights.nccl import NcclPublisher
+    from rlfleet.weights.tickets import served_step, ticket
 
-    cfg = rl_config(tiny_model, tmp_path / "run", max_steps=1)
-    trained = tmp_path / "trained"
+    port = free_port()
+    cfg = rl_config(tiny_model, tmp_path / "run", max_steps=1, **{"weights.nccl-port": str(port)})
+    store = RunStore(cfg.output_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
-    with torch.no_grad():  # a deterministic "training step": move every weight
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    model.save_pretrained(trained)
-
     prompt = [1, *range(40, 60)]
+    ids = torch.tensor([prompt])
+
+    def perturb() -> list[float]:  # a deterministic "training step": move every weight; HF's logprobs
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+            return token_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:])[0].tolist()
+
+    def nccl_step(step: int, publisher: NcclPublisher) -> dict:
+        publisher.publish(step, model)
+        sender = threading.Thread(target=publisher.serve, args=(step,))
+        sender.start()  # blocks in the broadcast until the server's worker joins it
+        try:
+            return pool.broadcast(ticket(store, step, "nccl"))
+        finally:
+            sender.join(timeout=60)
+
+    def off(a: list[float], b: list[float]) -> float:
+        return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+    torch.manual_seed(0)
     pool = InferencePool(cfg.inference_job())
     try:
         url = pool.ensure()[0]
+        started = pool.replicas[0].started  # what the launch task logs
         before = prompt_logprobs(url, prompt)
-        manifest = pool.broadcast(0, str(trained))
-        after = prompt_logprobs(url, prompt)
+        hf0 = perturb()
+        model.save_pretrained(tmp_path / "trained")
+        fs = pool.broadcast({"transport": "filesystem", "step": 0, "path": str(tmp_path / "trained")})
+        after_fs = prompt_logprobs(url, prompt)
+        hf1 = perturb()
+        first = NcclPublisher(store, Parallel(), "float32", port, receivers=1, timeout_s=60)
+        nccl1 = nccl_step(1, first)
+        after_nccl = prompt_logprobs(url, prompt)
+        first.close()
+        hf2 = perturb()
+        nccl2 = nccl_step(2, NcclPublisher(store, Parallel(), "float32", port, receivers=1, timeout_s=60))
+        after_relaunch = prompt_logprobs(url, prompt)
     finally:
         pool.shutdown()
-    assert manifest["step"] == 0 and pool.replicas == []
-    assert max(abs(a - b) for a, b in zip(before, after, strict=True)) > 1e-2
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        hf = token_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:])[0].tolist()
-    assert max(abs(a - b) for a, b in zip(after, hf, strict=True)) < 1e-3
+    assert fs["step"] == 0 and nccl1["step"] == 1 and nccl2["step"] == 2 and pool.replicas == []
+    assert served_step(store) == 2  # the acknowledgement a cuda_ipc trainer waits on
+    assert "ready in" in started and "KV cache size: 524,288 tokens" in started
+    assert off(before, after_fs) > 1e-2 and off(after_fs, hf0) < 1e-3
+    assert off(after_fs, after_nccl) > 1e-2 and off(after_nccl, hf1) < 1e-3
+    assert off(after_nccl, after_relaunch) > 1e-2 and off(after_relaunch, hf2) < 1e-3
+    assert nccl1["calls"][0]["workers"][0]["step"] == 1

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlfleet.config.checks import check_output_dir
-from rlfleet.runs import newest_weights, resume_step
+from rlfleet.runs import resume_step
 from rlfleet.store import CorruptArtifact, RunStore, cache_root, stage, step_dir
 from rlfleet.trainer.checkpoint import (
     latest_checkpoint,
@@ -33,6 +33,7 @@ from rlfleet.trainer.checkpoint import (
     publish_weights,
     save_checkpoint,
 )
+from rlfleet.weights.filesystem import newest_weights
 from tests.s3server import moto_server
 
 SECRET = f"rlfleet-test-secret-{uuid.uuid4().hex}"

@@ -33,12 +33,27 @@ class InferenceConfig(Strict):
     num_replicas: int = Field(1, ge=1)
     tensor_parallel_size: int = Field(1, ge=1)
     max_model_len: int = Field(512, ge=16)
-    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="vLLM's dtype; unset = bfloat16 on a GPU, model.dtype on a CPU."
+    )
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="vLLM's share of its GPU; unset = 0.9 on its own GPU, 0.45 on one it shares with the trainer.",
+    )
     cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU hosts.")
     cpu_threads_bind: str = Field(
         "", description="VLLM_CPU_OMP_THREADS_BIND on CPU hosts (e.g. '0' or '0-3'); empty = vLLM's auto."
     )
-    enforce_eager: bool = True
+    enforce_eager: bool | None = Field(
+        None, description="Skip CUDA graphs; unset = eager on a CPU (starts faster), graphs on a GPU."
+    )
+    sleep: bool = Field(
+        False,
+        description="Colocated: vLLM frees its GPU memory (weights and KV cache) while the trainer steps "
+        "and wakes to load the new weights; needs one GPU shared with the trainer and max_async_level = 0.",
+    )
     startup_timeout_s: float = Field(600.0, gt=0)
     extra_args: list[str] = Field(default_factory=list)
     urls: list[str] = Field(
@@ -48,6 +63,14 @@ class InferenceConfig(Strict):
     replica_offset: int = Field(
         0, ge=0, description="Index of this node's first replica (its log and pidfile names)."
     )
+
+    def vllm_dtype(self, model_dtype: str, on_gpu: bool) -> str:
+        return self.dtype or ("bfloat16" if on_gpu else model_dtype)
+
+    @property
+    def workers(self) -> int:
+        """vLLM worker processes across replicas: each loads every step's weights."""
+        return self.num_replicas * self.tensor_parallel_size
 
 
 class OrchestratorConfig(Strict):
@@ -168,6 +191,18 @@ class WandbConfig(Strict):
     project: str = "rlfleet"
 
 
+class WeightsConfig(Strict):
+    """How each step's weights reach vLLM (rlfleet/weights/); checkpoints always go to the run store."""
+
+    transport: Literal["filesystem", "cuda_ipc", "nccl"] = Field(
+        "filesystem",
+        description="filesystem: weights/step_N + in-place reload; cuda_ipc: vLLM reads the trainer's GPU "
+        "memory (one shared GPU); nccl: a broadcast from trainer rank 0 (gloo when the trainer is on a CPU).",
+    )
+    timeout_s: float = Field(600.0, gt=0, description="How long the trainer waits for vLLM to take a step.")
+    nccl_port: int = Field(29650, ge=1024, le=65535, description="Rendezvous port of the nccl transport.")
+
+
 class _RunBase(Strict):
     output_dir: NonEmptyStr = "outputs/run"
     seed: int = 0
@@ -189,6 +224,10 @@ class BenchConfig(Strict):
 
 class TrainerJobConfig(_RunBase):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    inference: InferenceConfig = Field(
+        default_factory=InferenceConfig, description="The replicas the trainer's weights go to."
+    )
     bench: BenchConfig = Field(default_factory=BenchConfig)
     gpu_ids: list[str] = Field(default_factory=list, description="CUDA devices of the trainer; empty = CPU.")
 
@@ -198,6 +237,7 @@ class InferenceJobConfig(Strict):
     seed: int = 0
     model: ModelConfig
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
     gpu_ids: list[str] = Field(default_factory=list, description="CUDA devices, tp per replica; empty = CPU.")
     deployment: Deployment = Field(default_factory=DeploymentConfig)
     slurm: SlurmConfig | None = None
@@ -241,6 +281,7 @@ class RLConfig(_RunBase):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
     deployment: Deployment = Field(default_factory=DeploymentConfig)
     tasks: TaskPolicy = Field(default_factory=TaskPolicy)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
@@ -277,14 +318,43 @@ class RLConfig(_RunBase):
             )
         if i.port + i.num_replicas - 1 > 65535:
             raise ValueError("inference.port: port + num_replicas - 1 exceeds 65535")
+        self._check_transport()
+        if i.sleep and (o.max_async_level or d.type != "single_node" or d.num_inference_gpus != 1):
+            raise ValueError(
+                "inference.sleep: vLLM sleeps while the trainer steps on the GPU they share, so it needs "
+                "deployment.num_inference_gpus = num_train_gpus = 1 and orchestrator.max_async_level = 0"
+            )
         return self
+
+    def _check_transport(self) -> None:
+        """What the config alone can tell; the shared-GPU check needs the GPU ids (preflight)."""
+        t, d = self.weights.transport, self.deployment
+        if t == "filesystem":
+            return
+        if d.type != "single_node" or self.inference.urls:
+            raise ValueError(
+                f"weights.transport: {t} runs on one node with replicas it starts; use filesystem"
+            )
+        if t == "cuda_ipc" and (d.num_inference_gpus != 1 or d.num_train_gpus != 1):
+            raise ValueError(
+                "weights.transport: cuda_ipc needs vLLM and the trainer on one shared GPU "
+                "(deployment.num_inference_gpus = num_train_gpus = 1); use nccl across GPUs"
+            )
+        if t == "nccl" and self.deployment.num_train_gpus > 1:
+            raise ValueError("weights.transport: nccl sends from one trainer rank; set num_train_gpus = 1")
 
     @property
     def name(self) -> str:
         return self.run_name or Path(self.output_dir).name
 
     def trainer_job(self, gpu_ids: list[str] | None = None) -> TrainerJobConfig:
-        return TrainerJobConfig(**self._base(), trainer=self.trainer, gpu_ids=gpu_ids or [])
+        return TrainerJobConfig(
+            **self._base(),
+            trainer=self.trainer,
+            weights=self.weights,
+            inference=self.inference,
+            gpu_ids=gpu_ids or [],
+        )
 
     def orchestrator_job(self) -> OrchestratorJobConfig:
         return OrchestratorJobConfig(**self._base(), orchestrator=self.orchestrator)
@@ -295,6 +365,7 @@ class RLConfig(_RunBase):
             seed=self.seed,
             model=self.model,
             inference=self.inference,
+            weights=self.weights,
             gpu_ids=gpu_ids or [],
         )
 

@@ -49,7 +49,7 @@ from rlfleet.tasks.rl import (
 from rlfleet.tasks.storage import load_credentials_block
 from rlfleet.trainer.launch import stop_trainer
 from rlfleet.workers.leases import gpu_lease
-from rlfleet.workers.placement import split_cpus
+from rlfleet.workers.placement import gpu_defaults, split_cpus
 
 
 def _progress() -> Progress:
@@ -71,6 +71,7 @@ def rl(config: RLConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     load_credentials_block()  # S3 credentials from $RLFLEET_S3_CREDENTIALS_BLOCK, if it is set
     inf_gpus, train_gpus = preflight(cfg)
+    cfg = gpu_defaults(cfg, inf_gpus, train_gpus)
     with gpu_lease(inf_gpus + train_gpus):
         return _run(cfg, inf_gpus, train_gpus, t0)
 
@@ -216,6 +217,7 @@ def _step(
         "sample_seconds": roll.get("sample_seconds", 0.0),
         "trainer_seconds": metrics.get("step_seconds", 0.0),
         "broadcast_seconds": cast["seconds"],
+        "broadcast_parts": cast.get("calls", [{}])[0],  # replica 0: pause, load (per worker), resume
         "phase_seconds": walls,
         "finished_at": time.time(),
     }

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import httpx
 
 from rlfleet.config.models import InferenceJobConfig
 from rlfleet.errors import DeterministicError, TransientError
-from rlfleet.inference.client import reload_weights
 from rlfleet.inference.server import Replica, healthy, launch_replicas, stop_replicas
+from rlfleet.net import tls
 from rlfleet.procs import wait_until
+from rlfleet.store import RunStore
+from rlfleet.weights.client import load
+from rlfleet.weights.tickets import write_served
 
 log = logging.getLogger("rlfleet.inference")
 
@@ -25,10 +31,14 @@ class InferencePool:
         self.cfg = cfg
         self.replicas: list[Replica] = []
         self.policy_step = -1  # weight version the servers hold; -1 = the initial model
-        self.weights_path: str | None = None
+        self.weights_path: str | None = (
+            None  # newest weights on disk they loaded (what a relaunch starts from)
+        )
+        self.ticket: dict[str, Any] | None = None  # the last weights they loaded, any transport
         self.closed = False  # after shutdown nothing relaunches (a rollout still in flight must not)
         self.external_ready = False  # external replicas (inference.urls) were healthy once
         self.dropped: set[str] = set()  # external replicas that stopped answering
+        self.asleep = False  # inference.sleep: weights and KV cache freed while the trainer steps
 
     @property
     def urls(self) -> list[str]:
@@ -53,20 +63,70 @@ class InferencePool:
             return self.urls
         stop_replicas(self.replicas)
         self.replicas = launch_replicas(self.cfg, self.weights_path)
+        self.asleep = False
+        if self.ticket is not None and self.ticket["transport"] != "filesystem":
+            self._resync()
+        write_served(RunStore(self.cfg.output_dir), self.policy_step)
         return self.urls
 
-    def broadcast(self, step: int, weights_path: str) -> dict[str, Any]:
-        """Reload `weights_path` in place on every replica; returns a small manifest."""
+    def _resync(self) -> None:
+        """Relaunched replicas started from files; bring them to the weights the pool serves."""
+        assert self.ticket is not None
+        if self.ticket["transport"] == "nccl":
+            raise DeterministicError(
+                "a relaunched vLLM replica cannot rejoin the trainer's nccl group mid-run; run the flow "
+                "again to resume from the last checkpoint (or use weights.transport = filesystem)"
+            )
+        log.warning(
+            "relaunched vLLM replicas: loading step %d through %s", self.policy_step, self.ticket["transport"]
+        )
+        self._load_all(self.urls, self.ticket)
+
+    def broadcast(self, ticket: dict[str, Any]) -> dict[str, Any]:
+        """Load a weights ticket (rlfleet/weights) on every replica at once; a small manifest back."""
         start = time.perf_counter()
-        calls = [reload_weights(url, weights_path) for url in self.ensure()]
-        self.policy_step, self.weights_path = step, weights_path
+        urls = self.ensure()
+        if self.asleep:  # weight memory first, then the new weights, then the KV cache
+            self._post_all(urls, "wake_up", params={"tags": "weights"})
+        calls = self._load_all(urls, ticket)
+        if self.asleep:
+            self._post_all(urls, "wake_up", params={"tags": "kv_cache"})
+            self.asleep = False
+        self.policy_step, self.ticket = ticket["step"], ticket
+        if ticket["transport"] == "filesystem":
+            self.weights_path = ticket["path"]
+        write_served(RunStore(self.cfg.output_dir), self.policy_step)  # the cuda_ipc trainer waits on it
         return {
-            "step": step,
-            "weights_path": weights_path,
+            "step": self.policy_step,
+            "transport": ticket["transport"],
+            "weights_path": self.weights_path,
             "replicas": self.urls,
             "seconds": time.perf_counter() - start,
             "calls": calls,
         }
+
+    def sleep(self) -> float:
+        """Free vLLM's GPU memory for the trainer (level 2: weights are not kept; the next
+        broadcast brings new ones); seconds taken."""
+        start = time.perf_counter()
+        if self.cfg.inference.sleep and not self.asleep:
+            self._post_all(self.ensure(), "sleep", params={"level": "2"})
+            self.asleep = True
+        return time.perf_counter() - start
+
+    def _post_all(self, urls: list[str], path: str, params: dict[str, str]) -> None:
+        for url in urls:
+            resp = httpx.post(
+                f"{url}/{path}", params=params, timeout=self.cfg.weights.timeout_s, verify=tls()
+            )
+            if resp.status_code != 200:
+                raise TransientError(f"{url}/{path} failed: HTTP {resp.status_code}: {resp.text[:300]}")
+
+    def _load_all(self, urls: list[str], ticket: dict[str, Any]) -> list[dict[str, Any]]:
+        """Concurrently: an nccl broadcast needs every replica's workers in it at once."""
+        tp, timeout = self.cfg.inference.tensor_parallel_size, self.cfg.weights.timeout_s
+        with ThreadPoolExecutor(max(len(urls), 1)) as ex:
+            return list(ex.map(lambda iu: load(iu[1], ticket, 1 + iu[0] * tp, timeout), enumerate(urls)))
 
     def _external(self) -> list[str]:
         if not self.external_ready:

@@ -8,6 +8,9 @@ logprobs are those of the distribution actually sampled from (after temperature)
 
 from __future__ import annotations
 
+import logging
+import re
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -16,8 +19,10 @@ from rlfleet.config.models import InferenceJobConfig
 from rlfleet.net import tls
 from rlfleet.procs import ManagedProcess, python_module_cmd, wait_until
 from rlfleet.store import local_dir
+from rlfleet.weights import WORKER_EXTENSION
 
 SERVED_NAME = "policy"
+log = logging.getLogger("rlfleet.inference")
 
 
 @dataclass
@@ -25,6 +30,7 @@ class Replica:
     index: int
     url: str
     process: ManagedProcess
+    started: str = ""  # start time and vLLM's KV cache line, once healthy
 
 
 def server_args(cfg: InferenceJobConfig, port: int, model_path: str | None = None) -> list[str]:
@@ -39,7 +45,7 @@ def server_args(cfg: InferenceJobConfig, port: int, model_path: str | None = Non
         "--port",
         str(port),
         "--dtype",
-        cfg.model.dtype,
+        i.vllm_dtype(cfg.model.dtype, bool(cfg.num_gpus)),
         "--max-model-len",
         str(i.max_model_len),
         "--tensor-parallel-size",
@@ -49,11 +55,16 @@ def server_args(cfg: InferenceJobConfig, port: int, model_path: str | None = Non
         "--seed",
         str(cfg.seed),
         "--disable-log-stats",
+        # rlfleet's weight-sync endpoints inside vLLM's workers (cuda_ipc, nccl)
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
     ]
-    if i.enforce_eager:
+    if i.enforce_eager if i.enforce_eager is not None else not cfg.num_gpus:
         args.append("--enforce-eager")
     if cfg.num_gpus:
-        args += ["--gpu-memory-utilization", str(i.gpu_memory_utilization)]
+        args += ["--gpu-memory-utilization", str(i.gpu_memory_utilization or 0.9)]
+    if i.sleep:
+        args.append("--enable-sleep-mode")
     return args + list(i.extra_args)
 
 
@@ -101,6 +112,7 @@ def launch_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> l
             env=replica_env(cfg, r),
         ).start()
         replicas.append(Replica(idx, f"http://{i.host}:{port}", proc))
+    t0 = time.monotonic()
     try:
         for rep in replicas:
             wait_until(
@@ -116,7 +128,18 @@ def launch_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> l
     except BaseException:
         stop_replicas(replicas)
         raise
+    for rep in replicas:
+        rep.started = (
+            f"vLLM replica {rep.index} at {rep.url} ready in {time.monotonic() - t0:.0f} s; {kv_cache(rep)}"
+        )
+        log.info(rep.started)
     return replicas
+
+
+def kv_cache(rep: Replica) -> str:
+    """vLLM's own line on its KV cache (size in tokens, concurrency at max_model_len), from its log."""
+    hits = re.findall(r"(\w+ KV cache size: [^\n]*)", rep.process.log_tail(200_000))
+    return hits[-1] if hits else "KV cache size not in its log"
 
 
 def stop_replicas(replicas: list[Replica]) -> None:

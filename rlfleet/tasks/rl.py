@@ -24,11 +24,11 @@ from rlfleet.errors import DeterministicError, is_transient
 from rlfleet.inference.pool import get_pool
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout, usable
-from rlfleet.runs import newest_weights
 from rlfleet.store import RunStore, step_dir
 from rlfleet.tasks.storage import result_storage
 from rlfleet.trainer.launch import get_trainer
 from rlfleet.trainer.worker import is_checkpoint_step
+from rlfleet.weights.tickets import ticket
 
 
 def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
@@ -70,8 +70,12 @@ def launch_inference_pool(cfg: RLConfig, gpu_ids: list[str], resume_from: int) -
     """Start (or health-check) the vLLM replicas; a resumed run loads its checkpointed weights."""
     pool = get_pool(cfg.inference_job(gpu_ids))
     if resume_from >= 0 and pool.policy_step != resume_from:
-        return pool.broadcast(*newest_weights(_store(cfg), resume_from))
-    return {"step": pool.policy_step, "replicas": pool.ensure()}
+        out = pool.broadcast(ticket(_store(cfg), resume_from, "filesystem"))
+    else:
+        out = {"step": pool.policy_step, "replicas": pool.ensure()}
+    for rep in pool.replicas:  # start time and KV cache size, where the user looks
+        get_run_logger().info(rep.started)
+    return out
 
 
 @task(name="rollout", task_run_name="rollout-{step}", cache_key_fn=step_key)
@@ -81,11 +85,12 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     store = _store(cfg)
     k = cfg.orchestrator.max_async_level
     existing = store.manifest(step_dir("rollouts", step))
+    pool = get_pool(cfg.inference_job(gpu_ids))
     if existing is not None:
         if usable(step, existing["policy_step"], k):
+            pool.sleep()  # inference.sleep: the trainer gets the GPU until the next broadcast
             return brief(existing)
         store.remove(step_dir("batches", step))
-    pool = get_pool(cfg.inference_job(gpu_ids))
     if not usable(step, pool.policy_step, k):  # the flow schedules rollouts so this cannot happen
         raise DeterministicError(f"rollout {step} on weights {pool.policy_step}: off-policy beyond k={k}")
     out = brief(
@@ -108,6 +113,7 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
             out["num_samples"],
             out["first_error"],
         )
+    out["sleep_seconds"] = pool.sleep()
     return out
 
 
@@ -144,13 +150,14 @@ def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
 
 @task(name="broadcast_weights", task_run_name="broadcast_weights-{step}", cache_policy=NO_CACHE)
 def broadcast_weights(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
-    """Check (and stage) the newest published weights first, then pause -> reload -> resume.
-    Local weights were hashed by the trainer as it published them: sizes are checked, not sha256."""
+    """Find step N's weights for the run's transport (filesystem: check and stage the newest
+    published snapshot; local ones were hashed by the trainer, so sizes are checked, not sha256),
+    then pause -> load -> resume every replica."""
     pool = get_pool(cfg.inference_job(gpu_ids))
     t0 = time.perf_counter()
-    weights = newest_weights(_store(cfg), step, checksum=False)
+    weights = ticket(_store(cfg), step, cfg.weights.transport)
     fetch = time.perf_counter() - t0
-    out = pool.broadcast(*weights)
+    out = pool.broadcast(weights)
     return {**out, "fetch_seconds": fetch, "seconds": out["seconds"] + fetch}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import string
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders
@@ -57,14 +58,27 @@ def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     )
 
 
-def tiny_config(vocab_size: int = 128, hidden: int = 128, layers: int = 2, heads: int = 2) -> LlamaConfig:
+def tiny_config(
+    vocab_size: int = 128,
+    hidden: int = 128,
+    layers: int = 2,
+    heads: int = 2,
+    intermediate: int | None = None,
+    kv_heads: int | None = None,
+    dtype: str = "float32",
+) -> LlamaConfig:
+    """The Llama config; `intermediate` defaults to 2 x hidden, `kv_heads` to `heads` (no GQA).
+
+    Larger shapes come from the same call, e.g. Qwen2-0.5B's body: hidden 896, intermediate 4864,
+    24 layers, 14 heads, 2 KV heads (head_dim 64); `dtype` is what the weights are saved in.
+    """
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
-        intermediate_size=2 * hidden,
+        intermediate_size=intermediate if intermediate is not None else 2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=heads,
+        num_key_value_heads=kv_heads if kv_heads is not None else heads,
         head_dim=hidden // heads,
         max_position_embeddings=1024,
         rms_norm_eps=1e-5,
@@ -72,18 +86,25 @@ def tiny_config(vocab_size: int = 128, hidden: int = 128, layers: int = 2, heads
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
-        torch_dtype="float32",
+        torch_dtype=dtype,
     )
 
 
-def make_tiny_model(out: str | Path, seed: int = 0, **shape: int) -> Path:
-    """Write a random-init model + tokenizer that both transformers and vLLM load."""
+def make_tiny_model(out: str | Path, seed: int = 0, **shape: Any) -> Path:
+    """Write a random-init model + tokenizer that both transformers and vLLM load.
+
+    `shape` is `tiny_config`'s keyword arguments; the weights are initialized in float32 (the same
+    values for a seed whatever the dtype) and saved in `dtype`.
+    """
     out = Path(out)
     cfg = tiny_config(**shape)
     if cfg.head_dim < 32:
         raise ValueError(f"head_dim {cfg.head_dim} < 32: vLLM's CPU attention rejects it")
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
+    model = LlamaForCausalLM(cfg).float()
+    dtype = str(shape.get("dtype") or "float32")
+    if dtype != "float32":
+        model = model.to(getattr(torch, dtype))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     build_tokenizer(cfg.vocab_size).save_pretrained(out)

@@ -1,8 +1,8 @@
 """The long-lived trainer: resume, then for each step wait for its batch, train, publish.
 
-It holds the model and optimizer warm across steps and talks to the rest of the system only
-through the run store (DESIGN.md): it executes step N once `batches/step_N` is published and
-answers with `weights/step_N`, a checkpoint every `checkpoint_interval` steps (and at the last), and
+It holds the model and optimizer warm across steps and talks to the rest of the system through
+the run store: it executes step N once `batches/step_N` is published and answers with step N's
+weights through the configured transport (rlfleet/weights), a checkpoint every `checkpoint_interval` steps (and at the last), and
 `metrics/step_N.json` written last, which is the signal that step N is done.
 """
 
@@ -26,12 +26,11 @@ from rlfleet.trainer.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
     prune_checkpoints,
-    prune_weights,
-    publish_weights,
     save_checkpoint,
 )
 from rlfleet.trainer.parallel import Parallel, parallelize, setup, teardown
 from rlfleet.trainer.train import DTYPES, Policy, load_model, make_optimizer, pick_device, train_step
+from rlfleet.weights.publisher import Publisher, make_publisher
 
 log = logging.getLogger("rlfleet.trainer")
 
@@ -126,14 +125,16 @@ def run_trainer(cfg: TrainerJobConfig) -> None:
         ckpt and ckpt["step"],
     )
 
+    publisher = make_publisher(cfg, store, par)
     step = start
     try:
         for step in range(start, cfg.max_steps):
-            _train_one(store, cfg, step, model, optimizer, par)
+            _train_one(store, cfg, step, model, optimizer, par, publisher)
     except BaseException as e:
         record_trainer_error(store, step, e)
         raise
     finally:
+        publisher.close()
         teardown(par)
 
 
@@ -144,6 +145,7 @@ def _train_one(
     model: Policy,
     optimizer: torch.optim.Optimizer,
     par: Parallel,
+    publisher: Publisher,
 ) -> None:
     tc = cfg.trainer
     wait_for_batch(store, step, tc.poll_interval_s)
@@ -158,12 +160,14 @@ def _train_one(
         batch_manifest.get("temperature", 1.0),
         par,
     )
-    publish_weights(store, step, model, cfg.model.path, par)
+    t_pub = time.perf_counter()
+    publisher.publish(step, model)
+    metrics["publish_seconds"] = time.perf_counter() - t_pub
     if is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
         save_checkpoint(store, step, model, optimizer, batch_manifest["cursor"], cfg.model.path, par)
     if not par.is_main:
+        publisher.serve(step)
         return
-    prune_weights(store, tc.keep_weights)
     if is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
         prune_checkpoints(store, tc.keep_checkpoints)
     metrics.update(
@@ -174,4 +178,7 @@ def _train_one(
         max_staleness=batch_manifest.get("max_staleness", 0),
     )
     store.write_json(f"metrics/step_{step}.json", metrics)
+    publisher.serve(step)  # after "done": nccl sends while the controller asks vLLM to receive
+    if cfg.inference.sleep and par.device.type == "cuda":
+        torch.cuda.empty_cache()  # vLLM wakes into the memory the trainer's cache would hold
     log.info("step %d: %s", step, {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})

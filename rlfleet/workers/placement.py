@@ -43,6 +43,16 @@ def assign_gpus(
     )
 
 
+def gpu_defaults(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> RLConfig:
+    """Fill what depends on placement: vLLM's dtype (bfloat16 on a GPU), which the trainer's
+    weight transport must match, and vLLM's share of a GPU it shares with the trainer (0.45)."""
+    i = cfg.inference
+    update = {"dtype": i.vllm_dtype(cfg.model.dtype, bool(inference_gpus))}
+    if set(inference_gpus) & set(trainer_gpus) and i.gpu_memory_utilization is None:
+        update["gpu_memory_utilization"] = 0.45
+    return cfg.model_copy(update={"inference": i.model_copy(update=update)})
+
+
 def split_cpus(cfg: RLConfig, cpus: list[int] | None = None) -> RLConfig:
     """With async steps on a CPU-only box, give vLLM the first half of the cores and the trainer the rest.
 

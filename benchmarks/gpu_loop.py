@@ -1,0 +1,114 @@
+"""The RL loop on one GPU, per model shape and weight transport: reward, step time, weight sync.
+
+Each (shape, transport) pair runs flow `rl` on the repeat task with vLLM and the trainer sharing
+GPU 0, one after the other in this process. Weight sync per step = the trainer's publish (save
+files, or copy into the cuda_ipc buffer) + the controller's broadcast (find the weights, pause,
+load on the replica, resume), medians after `--warmup` steps. vLLM's start time and KV cache come
+from the replica's log. Shapes are random-init Llamas with the tiny character tokenizer padded to
+`vocab` (so nothing comes from a hub): `05b` and `15b` have Qwen2-0.5B's and -1.5B's bodies.
+
+    python benchmarks/gpu_loop.py --shapes tiny,05b --transports filesystem,cuda_ipc \\
+        --out benchmarks/results/gpu_loop_h100.json -- --wandb.mode disabled
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import median, rl_config, run_rl, table, write
+
+from rlfleet.trainer.tiny import make_tiny_model
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "05b": dict(hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, vocab_size=32768),
+    "15b": dict(hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, vocab_size=32768),
+}
+
+
+def sync_times(out: Path, records: list[dict[str, Any]]) -> list[float]:
+    """Per step: the trainer's publish + the controller's broadcast."""
+    publish = {
+        int(p.stem.split("_")[1]): json.loads(p.read_text()).get("publish_seconds", 0.0)
+        for p in (out / "metrics").glob("step_*.json")
+    }
+    return [publish.get(r["step"], 0.0) + r["broadcast_seconds"] for r in records]
+
+
+def vllm_start(out: Path) -> dict[str, Any]:
+    log = (out / "logs" / "inference" / "replica_0.log").read_text(errors="replace")
+    kv = re.findall(r"KV cache size: ([\d,]+) tokens", log)
+    return {"kv_cache_tokens": int(kv[-1].replace(",", "")) if kv else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="tiny,05b")
+    ap.add_argument("--transports", default="filesystem,cuda_ipc")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--work", help="keep models and run dirs here (default: a temp dir, removed)")
+    a, overrides = ap.parse_known_args()
+    gpu = ["--deployment.num-inference-gpus", "1", "--deployment.num-train-gpus", "1"]
+    results: dict[str, Any] = {
+        "config": {"steps": a.steps, "warmup": a.warmup, "args": overrides},
+        "runs": {},
+    }
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(a.work or tmp_s)
+        for shape in a.shapes.split(","):
+            model = make_tiny_model(tmp / f"model_{shape}", seed=0, **SHAPES[shape])
+            for transport in a.transports.split(","):
+                out = tmp / f"{shape}_{transport}"
+                args = ["--max-steps", str(a.steps), "--weights.transport", transport, *gpu, *overrides]
+                cfg = rl_config(model, out, *args)
+                t0 = time.perf_counter()
+                records, wall = run_rl(cfg)
+                timed = records[a.warmup :]
+                sync = sync_times(out, timed)
+                run = {
+                    "shape": SHAPES[shape],
+                    "transport": transport,
+                    "first3_reward": sum(r["mean_reward"] for r in records[:3]) / 3,
+                    "last3_reward": sum(r["mean_reward"] for r in records[-3:]) / 3,
+                    "median_step_s": median([r["step_seconds"] for r in timed]),
+                    "median_sync_s": median(sync),
+                    "median_broadcast_s": median([r["broadcast_seconds"] for r in timed]),
+                    "median_sample_s": median([r["sample_seconds"] for r in timed]),
+                    "median_trainer_s": median([r["trainer_seconds"] for r in timed]),
+                    "flow_wall_s": wall,
+                    "command_wall_s": time.perf_counter() - t0,
+                    **vllm_start(out),
+                    "records": records,
+                }
+                results["runs"][f"{shape}/{transport}"] = run
+                print(shape, transport, {k: v for k, v in run.items() if k != "records"}, flush=True)
+                write(a.out, results)  # after every run: a later failure keeps what was measured
+    table(
+        f"RL loop on one GPU, {a.steps} steps ({a.warmup} warm-up left out of the medians)",
+        ["run", "reward first-3", "last-3", "step s", "sync s", "sampling s", "trainer s", "KV tokens"],
+        [
+            [
+                k,
+                r["first3_reward"],
+                r["last3_reward"],
+                r["median_step_s"],
+                r["median_sync_s"],
+                r["median_sample_s"],
+                r["median_trainer_s"],
+                r["kv_cache_tokens"],
+            ]
+            for k, r in results["runs"].items()
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()

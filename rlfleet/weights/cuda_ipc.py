@@ -1,0 +1,82 @@
+"""The cuda_ipc transport: vLLM maps the trainer's GPU memory instead of reading files.
+
+The trainer keeps two flat buffers on its GPU (one extra copy of the weights in vLLM's dtype
+each) and writes step N into buffer N % 2, after the controller acknowledged step N-1
+(`tickets.wait_served`): the buffer it overwrites then holds N-2, which no replica needs, and the
+other still holds what the replicas serve, so a relaunched replica can load it again. The ticket
+carries the buffer's IPC handle (made once per buffer), the GPU's UUID and the layout.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+from typing import Any
+
+import torch
+
+from rlfleet.store import RunStore
+from rlfleet.trainer.parallel import Parallel
+from rlfleet.weights import tensors
+from rlfleet.weights.tickets import ticket_rel, wait_served
+
+SLOTS = 2
+
+
+class IpcPublisher:
+    def __init__(self, store: RunStore, par: Parallel, dtype: str, timeout_s: float):
+        if par.device.type != "cuda":
+            raise ValueError("weights.transport: cuda_ipc needs the trainer on a GPU")
+        self.store, self.par, self.dtype, self.timeout_s = store, par, tensors.DTYPES[dtype], timeout_s
+        self.layout: list | None = None
+        self.slots: list[list[torch.Tensor]] = []
+        self.handles: list[list[str]] = []
+
+    def _allocate(self, sd: dict[str, torch.Tensor]) -> None:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        self.layout = tensors.make_layout(sd, self.dtype)
+        sizes = tensors.bucket_sizes(self.layout)
+        for _ in range(SLOTS):
+            bufs = [torch.empty(n, dtype=self.dtype, device=self.par.device) for n in sizes]
+            self.slots.append(bufs)
+            self.handles.append([base64.b64encode(pickle.dumps(reduce_tensor(b)[1])).decode() for b in bufs])
+
+    def publish(self, step: int, model: torch.nn.Module) -> None:
+        sd = tensors.full_state_dict(model, self.par.enabled)
+        if self.layout is None:
+            self._allocate(sd)
+        wait_served(self.store, step - 1, self.timeout_s)  # the buffer we overwrite holds step-2
+        slot = step % SLOTS
+        tensors.fill(self.slots[slot], self.layout, sd)
+        torch.cuda.synchronize(self.par.device)
+        ticket: dict[str, Any] = {
+            "transport": "cuda_ipc",
+            "step": step,
+            "slot": slot,
+            "gpu": str(torch.cuda.get_device_properties(self.par.device).uuid),
+            "handles": self.handles[slot],
+            "layout": self.layout,
+        }
+        self.store.write_json(ticket_rel(step), ticket)
+
+    def serve(self, step: int) -> None:
+        """Nothing to do: vLLM reads the buffer when the controller hands it the ticket."""
+
+    def close(self) -> None:
+        self.slots.clear()
+
+
+def open_buffers(ticket: dict[str, Any], device: torch.device) -> list[torch.Tensor]:
+    """The trainer's buffers of `ticket`, mapped into this (vLLM worker) process on `device`."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    if uuid != ticket["gpu"]:
+        raise RuntimeError(f"cuda_ipc: weights are on GPU {ticket['gpu']}, this vLLM worker is on {uuid}")
+    out = []
+    for handle in ticket["handles"]:
+        args = list(pickle.loads(base64.b64decode(handle)))
+        args[6] = device.index  # reduce_tensor's device slot: ours, in our CUDA_VISIBLE_DEVICES numbering
+        out.append(rebuild_cuda_tensor(*args))
+    return out

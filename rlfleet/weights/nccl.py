@@ -1,0 +1,102 @@
+"""The nccl transport: trainer rank 0 broadcasts the weights to every vLLM worker.
+
+The group is the trainer (rank 0) plus each replica's workers (rank 1 + replica x tp + tp rank),
+built from a TCPStore the trainer hosts on `weights.nccl_port`; it is private to weight sync, apart
+from the trainer's and vLLM's own groups. Its id is the trainer process's, so a relaunched trainer
+builds a new group and each worker joins the new one on the first ticket that names it. The
+backend follows the device: NCCL on GPUs, gloo on CPUs (how the CPU tests run this code).
+
+Order inside a trainer step: `publish` writes the ticket before the step's metrics (the
+controller's "step done"), `serve` sends after them, blocking until the controller has asked every
+replica to receive; a send never waits on anything the controller does after that.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rlfleet.store import RunStore
+from rlfleet.trainer.parallel import Parallel
+from rlfleet.weights import tensors
+from rlfleet.weights.tickets import ticket_rel
+
+
+@dataclass
+class Group:
+    pg: dist.ProcessGroup
+    store: dist.TCPStore  # on rank 0 the rendezvous server: it lives as long as the group
+
+
+def open_group(host: str, port: int, rank: int, world: int, device: torch.device, timeout_s: float) -> Group:
+    """A process group of its own (not the default one), rank 0 hosting the rendezvous store."""
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        pg = dist.ProcessGroupNCCL(store, rank, world, opts)
+    else:
+        pg = dist.ProcessGroupGloo(store, rank, world, timeout)
+    return Group(pg, store)
+
+
+def broadcast(group: Group, buckets: list[torch.Tensor]) -> None:
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    for b in buckets:
+        group.pg.broadcast([b], opts).wait()
+    if buckets and buckets[0].is_cuda:
+        torch.cuda.synchronize(buckets[0].device)
+
+
+class NcclPublisher:
+    def __init__(
+        self, store: RunStore, par: Parallel, dtype: str, port: int, receivers: int, timeout_s: float
+    ):
+        self.store, self.par, self.dtype = store, par, tensors.DTYPES[dtype]
+        self.port, self.world, self.timeout_s = port, 1 + receivers, timeout_s
+        self.group_id = f"{os.getpid()}-{time.time_ns()}"
+        self.group: Group | None = None
+        self.layout: list | None = None
+        self.buckets: list[torch.Tensor] = []
+
+    def publish(self, step: int, model: torch.nn.Module) -> None:
+        sd = tensors.full_state_dict(model, self.par.enabled)
+        if self.layout is None:
+            self.layout = tensors.make_layout(sd, self.dtype)
+            sizes = tensors.bucket_sizes(self.layout)
+            self.buckets = [torch.empty(n, dtype=self.dtype, device=self.par.device) for n in sizes]
+        tensors.fill(self.buckets, self.layout, sd)
+        ticket: dict[str, Any] = {
+            "transport": "nccl",
+            "step": step,
+            "group": {"id": self.group_id, "host": "127.0.0.1", "port": self.port, "world": self.world},
+            "timeout_s": self.timeout_s,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "layout": self.layout,
+        }
+        self.store.write_json(ticket_rel(step), ticket)
+
+    def serve(self, step: int) -> None:
+        if self.group is None:
+            self.group = open_group("127.0.0.1", self.port, 0, self.world, self.par.device, self.timeout_s)
+        broadcast(self.group, self.buckets)
+
+    def close(self) -> None:
+        self.group = None  # drops the rendezvous server with it
+
+
+def receive(ticket: dict[str, Any], group: Group, device: torch.device) -> list[torch.Tensor]:
+    """The buckets of `ticket`, received from rank 0 into fresh buffers on `device`."""
+    dtype = tensors.DTYPES[ticket["dtype"]]
+    buckets = [torch.empty(n, dtype=dtype, device=device) for n in tensors.bucket_sizes(ticket["layout"])]
+    broadcast(group, buckets)
+    return buckets

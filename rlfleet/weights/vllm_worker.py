@@ -1,0 +1,62 @@
+"""rlfleet's methods inside each vLLM worker (`--worker-extension-cls`), reached by
+`POST /collective_rpc {"method": "rlfleet_load", "args": [<ticket JSON>]}` on every worker.
+
+Loaded inside vLLM's worker processes: it imports torch and this package's transport modules,
+never Prefect or the rest of rlfleet.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import torch
+
+
+class WeightSync:
+    """Mixed into vLLM's Worker: `self.device`, `self.rank` and `self.model_runner` are vLLM's."""
+
+    def rlfleet_load(self, ticket_json: str, rank_base: str = "1") -> dict[str, Any]:
+        ticket = json.loads(ticket_json)
+        t0 = time.perf_counter()
+        device = getattr(self, "device", torch.device("cpu"))
+        if ticket["transport"] == "cuda_ipc":
+            from rlfleet.weights.cuda_ipc import open_buffers
+
+            buckets = open_buffers(ticket, device)
+        elif ticket["transport"] == "nccl":
+            from rlfleet.weights.nccl import receive
+
+            buckets = receive(ticket, self._rlfleet_group(ticket, int(rank_base), device), device)
+        else:
+            raise ValueError(f"rlfleet_load: unknown transport {ticket['transport']!r}")
+        got = time.perf_counter()
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+
+        from rlfleet.weights.tensors import views
+
+        # vLLM's own weight-update path (what its weight-transfer engines call around load_weights)
+        model = self.model_runner.model
+        initialize_layerwise_reload(model)
+        model.load_weights(views(buckets, ticket["layout"]))
+        finalize_layerwise_reload(model, self.model_config)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        del buckets
+        return {"step": ticket["step"], "transfer_s": got - t0, "load_s": time.perf_counter() - got}
+
+    def _rlfleet_group(self, ticket: dict[str, Any], rank_base: int, device: torch.device):
+        """This worker's member of the trainer's group; rebuilt when a new trainer names a new one."""
+        from rlfleet.weights.nccl import open_group
+
+        g = ticket["group"]
+        cached = getattr(self, "_rlfleet_pg", None)
+        if cached is None or cached[0] != g["id"]:
+            rank = rank_base + getattr(self, "rank", 0)
+            pg = open_group(g["host"], g["port"], rank, g["world"], device, ticket["timeout_s"])
+            self._rlfleet_pg = (g["id"], pg)
+        return self._rlfleet_pg[1]
