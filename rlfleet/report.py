@@ -51,9 +51,15 @@ def reward_curve_png(steps: list[dict[str, Any]], title: str) -> bytes:
 
 
 def write_report(
-    store: RunStore, steps: list[dict[str, Any]], wall_seconds: float, config_path: str, title: str
+    store: RunStore,
+    steps: list[dict[str, Any]],
+    wall_seconds: float,
+    config_path: str,
+    title: str,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     summary = {
+        **(extra or {}),
         "steps": steps,
         "wall_seconds": wall_seconds,
         "config": config_path,
@@ -77,6 +83,7 @@ class WandbSink:
         if mode == "auto":
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
         self.run = None
+        self.path: str | None = None  # where the run is: its URL online, its directory offline
         if mode == "disabled":
             return
         import wandb
@@ -91,6 +98,7 @@ class WandbSink:
             reinit="finish_previous",
             settings=wandb.Settings(silent=True, console="off"),
         )
+        self.path = self.run.url if mode == "online" else str(Path(self.run.dir).parent)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if self.run is not None:
@@ -100,3 +108,23 @@ class WandbSink:
         if self.run is not None:
             self.run.finish()
             self.run = None
+
+
+TIMING = ("step_seconds", "sample_seconds", "trainer_seconds", "broadcast_seconds")
+NOT_TRAIN = {"step", "reward_mean", "step_seconds", "max_staleness", "policy_steps", "wait_seconds"}
+
+
+def wandb_metrics(record: dict[str, Any], metrics: dict[str, Any]) -> dict[str, float]:
+    """One key per metric, grouped: `train/` (the trainer's), `rollout/` (reward, errors, staleness,
+    each env's reward functions and metrics), `timing/` (the step, inside vLLM / the trainer / the
+    broadcast, and each phase as the flow saw it)."""
+    out = {f"train/{k}": v for k, v in metrics.items() if k not in NOT_TRAIN}
+    out |= {
+        "rollout/reward_mean": record["mean_reward"],
+        "rollout/reward_errors": record["reward_errors"],
+        "rollout/staleness_max": record["max_staleness"],
+    }
+    out |= {f"rollout/{k}": v for k, v in record["env_metrics"].items()}
+    out |= {f"timing/{k}": record[k] for k in TIMING}
+    out |= {f"timing/phase_{k}": v for k, v in record["phase_seconds"].items()}
+    return {k: v for k, v in out.items() if isinstance(v, int | float) and not isinstance(v, bool)}

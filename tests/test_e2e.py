@@ -16,6 +16,7 @@ from rlfleet.config.models import RLConfig
 from rlfleet.orchestrator.rollout import read_rollout, staleness
 from rlfleet.store import RunStore
 from tests.conftest import free_port
+from tests.wandb_log import history_and_config
 
 pytestmark = pytest.mark.e2e
 
@@ -54,6 +55,51 @@ def rl_config(
     return load(RLConfig, args)
 
 
+def assert_readable_in_prefect(state, out: Path, summary: dict) -> None:
+    """Run name, tags and final message tell runs apart; the graph's edges are the step's real
+    dependencies; wandb has one key per metric, the Prefect run in its config, no wandb/wandb."""
+    from prefect import get_client
+
+    from tests.test_faults import task_runs
+
+    run_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+    first, last = summary["first3_mean_reward"], summary["last3_mean_reward"]
+    assert run.name == "run" and state.message == f"reward {first:.3f} -> {last:.3f} in 2 steps, 0 recoveries"
+    assert {"env:repeat", "model:tiny", "deployment:single_node", "weights:filesystem"} <= set(run.tags)
+
+    runs = task_runs(run_id)
+    by_id = {r.id: r.name for r in runs}
+    edges = {
+        r.name: sorted(by_id.get(i.id, "?") for inputs in r.task_inputs.values() for i in inputs)
+        for r in runs
+    }
+    assert edges == {
+        "launch_inference_pool": [],
+        "rollout-0": ["launch_inference_pool"],
+        "aggregate-0": ["rollout-0"],
+        "train-0": ["aggregate-0"],
+        "broadcast_weights-0": ["train-0"],
+        "checkpoint-0": ["train-0"],
+        "rollout-1": ["broadcast_weights-0"],
+        "aggregate-1": ["rollout-1"],
+        "train-1": ["aggregate-1"],
+        "broadcast_weights-1": ["train-1"],
+        "checkpoint-1": ["train-1"],
+    }
+
+    wandb_dir = Path(summary["wandb"])
+    assert wandb_dir.parent == out / "wandb" and not (out / "wandb" / "wandb").exists()
+    rows, config = history_and_config(wandb_dir)
+    assert [r["_step"] for r in rows] == [0, 1]
+    logged = {k for row in rows for k in row if not k.startswith("_")}
+    assert all(k.split("/")[0] in {"train", "rollout", "timing", "eval"} for k in logged), logged
+    assert {"train/loss", "train/grad_norm", "rollout/reward_mean", "timing/step_seconds"} <= logged
+    assert not {"train/reward_mean", "train/step_seconds", "train/max_staleness"} & logged  # no twins
+    assert config["prefect_flow_run_id"] == str(run_id) and str(run_id) in config["prefect_flow_run_url"]
+
+
 async def _task_run_names(flow_run_id) -> set[str]:
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -84,6 +130,7 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
     assert store.manifest("batches/step_1", verify=True)["num_loss_tokens"] > 0
     assert (out / "logs" / "inference" / "replica_0.log").stat().st_size > 0
     assert not list((out / "run").glob("*.pid")), "child processes left pidfiles behind"
+    assert_readable_in_prefect(state, out, summary)
     first_names = asyncio.run(_task_run_names(state.state_details.flow_run_id))
     assert {
         "launch_inference_pool",

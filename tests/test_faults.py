@@ -7,7 +7,10 @@ Recovery times are printed (`pytest -s`) for the closing notes; they are not ass
 
 from __future__ import annotations
 
+import contextvars
 import io
+import json
+import logging
 import os
 import signal
 import subprocess
@@ -85,12 +88,60 @@ def assert_no_process_left(out: Path) -> None:
         assert pid_alive(pidfile) is None, f"{pidfile.name} still running"
 
 
+class ArtifactWatch(threading.Thread):
+    """Poll the Prefect API for a run's artifacts while it goes: (seen at, key, version count, data).
+    Runs in the test's settings context (the test API's URL is a context variable)."""
+
+    def __init__(self, keys: list[str]):
+        super().__init__(daemon=True)
+        self.keys, self.seen, self.done = keys, [], threading.Event()
+        self.context = contextvars.copy_context()
+
+    def run(self) -> None:
+        self.context.run(self._poll)
+
+    def _poll(self) -> None:
+        from prefect import get_client
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+        with get_client(sync_client=True) as client:
+            while not self.done.wait(0.3):
+                found = client.read_artifacts(
+                    artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=self.keys))
+                )
+                for key in self.keys:
+                    versions = [a for a in found if a.key == key]
+                    if versions:
+                        latest = max(versions, key=lambda a: a.created)
+                        self.seen.append((time.time(), key, len(versions), latest.data))
+
+
+def rlfleet_events(prefix: str = "rlfleet.") -> list[dict]:
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    resp = httpx.post(
+        f"{PREFECT_API_URL.value()}/events/filter", json={"filter": {"event": {"prefix": [prefix]}}}
+    )
+    resp.raise_for_status()
+    return resp.json()["events"]
+
+
 def test_trainer_killed_mid_run_is_relaunched_from_checkpoint(tiny_model, prefect_api, tmp_path):
+    """The run finishes with every step once; the user sees the relaunch (a WARNING, a Prefect event,
+    the summary's recoveries) and the run's artifacts while it is going, not only at its end."""
     out = tmp_path / "run"
     cfg = rl_config(
         tiny_model, out, max_steps=4, **{"trainer.checkpoint-interval": "2", "tasks.retries": "2"}
     )
-    state, killer = run_and_kill(cfg, out / "metrics/step_2.json", out / "run/trainer.pid")
+    watch = ArtifactWatch(["run-progress", "run-metrics"])
+    watch.start()
+    try:
+        state, killer = run_and_kill(cfg, out / "metrics/step_2.json", out / "run/trainer.pid")
+    finally:
+        watch.done.set()
+        watch.join()
+    ended = time.time()
     print(
         f"\ntrainer SIGKILL -> step 3 trained: {(out / 'metrics/step_3.json').stat().st_mtime - killer.killed_at:.1f} s"
     )
@@ -104,6 +155,38 @@ def test_trainer_killed_mid_run_is_relaunched_from_checkpoint(tiny_model, prefec
     retried = {r.name: r.run_count for r in runs if r.run_count > 1}
     assert set(retried) <= {"train-3"}, retried  # or the next `train` found it dead and relaunched at once
     assert_no_process_left(out)
+
+    # the relaunch, where a user looks: the flow run's log, an event, the summary and its message
+    run_id = state.state_details.flow_run_id
+    (event,) = [
+        e
+        for e in rlfleet_events()
+        if any(r["prefect.resource.id"].endswith(str(run_id)) for r in e["related"])
+    ]
+    assert (
+        event["event"] == "rlfleet.trainer.relaunched" and event["resource"]["prefect.resource.name"] == "run"
+    )
+    assert event["payload"]["exit_code"] == -9 and event["payload"]["checkpoint"] == 1
+    assert event["payload"]["replayed"] == [2] and event["payload"]["step"] == 3
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["event"] for r in summary["recoveries"]] == ["trainer.relaunched"]
+    assert state.message.endswith("in 4 steps, 1 recoveries")
+    warnings = [x for x in flow_run_logs(run_id) if x.level == logging.WARNING]
+    assert any("trainer exited with code -9 and was relaunched at step 3" in x.message for x in warnings)
+
+    # live artifacts: progress moved and the metrics table had versions before the run ended
+    progress = [data for t, key, _, data in watch.seen if key == "run-progress" and t < ended]
+    assert any(0 < p < 100 for p in progress) and progress[-1] <= 100, progress
+    tables = [n for t, key, n, _ in watch.seen if key == "run-metrics" and t < ended]
+    assert tables and max(tables) >= 2, tables
+
+
+def flow_run_logs(run_id) -> list:
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        return client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
 
 
 def test_vllm_replica_killed_is_relaunched_with_current_weights(tiny_model, prefect_api, tmp_path):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import base64
 import re
 from typing import Any
 
-from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 
 from rlfleet.store import RunStore
 
@@ -42,18 +41,8 @@ def metric_rows(store: RunStore, steps: list[dict[str, Any]]) -> list[dict[str, 
     return rows
 
 
-def publish_rl_artifacts(store: RunStore, name: str, summary: dict[str, Any]) -> None:
-    create_table_artifact(
-        key=artifact_key(name, "metrics"),
-        table=metric_rows(store, summary["steps"]),
-        description=f"per-step metrics of rl run {name}",
-    )
-    png = store.read_bytes("reward_curve.png")
-    create_image_artifact(
-        image_url="data:image/png;base64," + base64.b64encode(png).decode(),
-        key=artifact_key(name, "reward-curve"),
-        description=f"reward curve of rl run {name}",
-    )
+def publish_summary(store: RunStore, name: str, summary: dict[str, Any]) -> None:
+    """The run's last word: reward change, recoveries, wandb, and where everything is."""
     paths = "\n".join(
         f"- {what}: `{store.uri(rel)}`"
         for what, rel in (
@@ -67,14 +56,17 @@ def publish_rl_artifacts(store: RunStore, name: str, summary: dict[str, Any]) ->
         )
     )
     first, last = summary["first3_mean_reward"], summary["last3_mean_reward"]
+    recovered = "".join(f"- {r['message']}\n" for r in summary["recoveries"]) or "none\n"
     create_markdown_artifact(
         key=artifact_key(name, "summary"),
         markdown=(
-            f"# rl run `{name}`\n\n| steps | first-3 reward | last-3 reward | wall (s) |\n|---|---|---|---|\n"
-            f"| {len(summary['steps'])} | {_fmt(first)} | {_fmt(last)} | {summary['wall_seconds']:.0f} |\n\n"
+            f"# rl run `{name}`\n\n| steps | first-3 reward | last-3 reward | wall (s) | recoveries |\n"
+            f"|---|---|---|---|---|\n| {len(summary['steps'])} | {_fmt(first)} | {_fmt(last)} | "
+            f"{summary['wall_seconds']:.0f} | {len(summary['recoveries'])} |\n\n"
+            f"## Recoveries\n{recovered}\n## wandb\n{summary.get('wandb') or 'disabled'}\n\n"
             f"## Run store\n{paths}\n"
         ),
-        description="reward summary and run store paths",
+        description="reward summary, recoveries, wandb and run store paths",
     )
 
 

@@ -13,18 +13,24 @@ so every sample records exactly the version that produced it. k = 0 submits noth
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_client, get_run_logger
 from prefect.futures import PrefectFuture, wait
+from prefect.runtime import flow_run
+from prefect.states import Completed, State
+from prefect.utilities.annotations import quote
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rlfleet.config.envs import env_name
 from rlfleet.config.models import RLConfig
-from rlfleet.flows.artifacts import publish_rl_artifacts
+from rlfleet.flows.artifacts import publish_summary
+from rlfleet.flows.monitor import LiveArtifacts, recoveries
 from rlfleet.inference.pool import shutdown_pool
 from rlfleet.orchestrator.rollout import usable
-from rlfleet.report import WandbSink, write_report
+from rlfleet.report import WandbSink, wandb_metrics, write_report
 from rlfleet.runs import (
     acquire_run_lock,
     discard_stale,
@@ -64,16 +70,32 @@ def _progress() -> Progress:
     )
 
 
-@flow(name="rl", flow_run_name="{config.output_dir}", log_prints=True)
-def rl(config: RLConfig) -> dict[str, Any]:
+@flow(name="rl", flow_run_name="{config.name}", log_prints=True)
+def rl(config: RLConfig) -> State:
     """One RL run; `config` is the resolved RLConfig (the deployment's parameter)."""
     cfg = split_cpus(config)  # async on a CPU box: vLLM and the trainer on separate cores
     t0 = time.perf_counter()
     load_credentials_block()  # S3 credentials from $RLFLEET_S3_CREDENTIALS_BLOCK, if it is set
     inf_gpus, train_gpus = preflight(cfg)
     cfg = gpu_defaults(cfg, inf_gpus, train_gpus)
+    tag_run(cfg)
     with gpu_lease(inf_gpus + train_gpus):
-        return _run(cfg, inf_gpus, train_gpus, t0)
+        summary = _run(cfg, inf_gpus, train_gpus, t0)
+    first, last = summary["first3_mean_reward"], summary["last3_mean_reward"]
+    change = "no steps run" if first is None else f"reward {first:.3f} -> {last:.3f}"
+    n = len(summary["recoveries"])
+    return Completed(message=f"{change} in {len(summary['steps'])} steps, {n} recoveries", data=summary)
+
+
+def tag_run(cfg: RLConfig) -> None:
+    """Tags that tell runs apart in the runs list: env, model, deployment, weight transport."""
+    if not flow_run.id:
+        return
+    tags = {f"env:{env_name(e)}" for e in cfg.orchestrator.env}
+    tags |= {f"model:{Path(cfg.model.path).name}", f"deployment:{cfg.deployment.type}"}
+    tags.add(f"weights:{cfg.weights.transport}")
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, tags=sorted(set(flow_run.tags) | tags))
 
 
 def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -> dict[str, Any]:
@@ -85,40 +107,47 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
     if start:
         log.info("resuming at step %d; discarded %s", start, discard_stale(store, start) or "nothing")
 
+    prefect_run = {"prefect_flow_run_id": str(flow_run.id), "prefect_flow_run_url": flow_run.ui_url}
+    # wandb writes under <dir>/wandb; a remote store's local dir is its cache
     sink = WandbSink(
         cfg.wandb.mode,
         cfg.wandb.project,
         cfg.name,
-        store.local_dir / "wandb",  # wandb writes a local dir; a remote store's is the cache
-        cfg.model_dump(mode="json"),
+        store.local_dir,
+        {**cfg.model_dump(mode="json"), **prefect_run},
     )
+    live = LiveArtifacts(store, cfg.name, cfg.max_steps, start)
     ahead: dict[int, tuple[PrefectFuture, PrefectFuture]] = {}  # (rollout, aggregate) of later steps
+    steps: list[dict[str, Any]] = step_records(store)  # a resumed run's earlier steps stay on the curve
     try:
-        served = start - 1  # the weight version the pool holds
+        served, after = start - 1, []  # the weight version the pool holds; what rollouts wait for
         if start < cfg.max_steps:
-            served = launch_inference_pool.with_options(**policy(cfg, cfg.inference.startup_timeout_s + 60))(
-                cfg, inf_gpus, start - 1
-            )["step"]
+            launched = launch_inference_pool.with_options(
+                **policy(cfg, cfg.inference.startup_timeout_s + 60)
+            )(quote(cfg), inf_gpus, start - 1, return_state=True)
+            served, after = launched.result()["step"], [edge(launched)]
         with _progress() as bar:
             job = bar.add_task("rl", total=cfg.max_steps, completed=start, reward="-", secs="")
             for step in range(start, cfg.max_steps):
-                record, metrics, served = _step(cfg, inf_gpus, train_gpus, step, start, served, ahead)
+                record, metrics, served, after = _step(
+                    cfg, inf_gpus, train_gpus, step, start, served, ahead, after
+                )
                 store.write_json(f"steps/step_{step}.json", record)
-                if sink:
-                    rollout_metrics = {f"rollout/{k}": v for k, v in record["env_metrics"].items()}
-                    sink.log(
-                        step, {**record, **rollout_metrics, **{f"train/{k}": v for k, v in metrics.items()}}
-                    )
+                steps.append(record)
+                sink.log(step, wandb_metrics(record, metrics))
                 log.info(
-                    "step %d (%d/%d) reward %.3f loss %.4f staleness %d (%.1f s)",
+                    "step %d (%d/%d) reward %.3f loss %.4f grad_norm %.3f staleness %d (%.1f s: %s)",
                     step,
                     step + 1,
                     cfg.max_steps,
                     record["mean_reward"],
                     record["loss"],
+                    metrics.get("grad_norm", float("nan")),
                     record["max_staleness"],
                     record["step_seconds"],
+                    ", ".join(f"{k} {v:.2f}" for k, v in record["phase_seconds"].items()),
                 )
+                live.step_done(step, steps)
                 bar.update(
                     job,
                     advance=1,
@@ -131,11 +160,12 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
         stop_trainer(cfg.output_dir)
         sync_logs(store)
         release_run_lock(store)
-        if sink:
-            sink.finish()
+        live.publish(steps)  # also what a failing run got to
+        sink.finish()
 
-    summary = write_report(store, step_records(store), time.perf_counter() - t0, paths["rl"], cfg.name)
-    publish_rl_artifacts(store, cfg.name, summary)
+    extra = {"recoveries": recoveries(store), "wandb": sink.path, **prefect_run}
+    summary = write_report(store, steps, time.perf_counter() - t0, paths["rl"], cfg.name, extra)
+    publish_summary(store, cfg.name, summary)
     log.info(
         "run %s: first-3 reward %.3f, last-3 reward %.3f, %.0f s; summary at %s",
         cfg.name,
@@ -155,9 +185,17 @@ def _step(
     start: int,
     served: int,
     ahead: dict[int, tuple[PrefectFuture, PrefectFuture]],
-) -> tuple[dict[str, Any], dict[str, Any], int]:
-    """One step; returns its record, the trainer's metrics and the weight version now served."""
+    after: list[State],
+) -> tuple[dict[str, Any], dict[str, Any], int, list[State]]:
+    """One step; returns its record, the trainer's metrics, the weight version now served and the
+    states the next step's rollout waits for.
+
+    The config goes to every task `quote`d: Prefect would otherwise link task inputs to earlier
+    results through objects inside it, and draw edges the step does not have. The real ones are
+    `wait_for`: rollout <- the previous broadcast, aggregate <- rollout, train <- aggregate,
+    broadcast and checkpoint <- train."""
     s0 = time.perf_counter()
+    c = quote(cfg)
     opts = policy(cfg)
     # A resume discarded rollouts and batches after `start` and everything the trainer wrote from
     # `start` on: those must not come back from a retried run's cache.
@@ -171,35 +209,46 @@ def _step(
         roll = fut.result()
         t = _lap(walls, "rollout", t)
         agg.result()
+        batches: list[Any] = [agg]
     else:  # k = 0, or the first step: called in the flow's thread, exactly as on-policy always was
-        roll = rollout.with_options(**kept)(cfg, inf_gpus, step)
+        rolled = rollout.with_options(**kept)(c, inf_gpus, step, wait_for=after, return_state=True)
+        roll = rolled.result()
         t = _lap(walls, "rollout", t)
-        aggregate.with_options(**kept)(cfg, step)
+        batches = [aggregate.with_options(**kept)(c, step, wait_for=[edge(rolled)], return_state=True)]
+        batches[0].result()
     t = _lap(walls, "aggregate", t)
     if k == 0:
-        metrics = train.with_options(**redo)(cfg, train_gpus, step)
+        trained = train.with_options(**redo)(
+            c, train_gpus, step, wait_for=[edge(b) for b in batches], return_state=True
+        )
     else:
         # Futures run in worker threads, where Prefect cannot enforce timeout_seconds: the train
         # task's own wait (step_timeout_s) and the sampler's request timeout bound them instead.
-        trained = train.with_options(**dict(redo, timeout_seconds=None)).submit(cfg, train_gpus, step)
+        trained = train.with_options(**dict(redo, timeout_seconds=None)).submit(
+            c, train_gpus, step, wait_for=batches
+        )
         # Overlap: sample (and batch) the next steps on the weights served now while the trainer
         # works on `step`; the trainer takes batch N+1 as soon as it is published.
         for s in range(step + 1, min(step + k, cfg.max_steps - 1) + 1):
             if s not in ahead and usable(s, served, k):
-                before = [ahead[s - 1][0]] if s - 1 in ahead else None  # one rollout at a time
+                before = [ahead[s - 1][0]] if s - 1 in ahead else after  # one rollout at a time
                 later = dict(opts, refresh_cache=s > start, timeout_seconds=None)
-                r = rollout.with_options(**later).submit(cfg, inf_gpus, s, wait_for=before)
-                ahead[s] = (r, aggregate.with_options(**later).submit(cfg, s, wait_for=[r]))
-        metrics = trained.result()
+                r = rollout.with_options(**later).submit(c, inf_gpus, s, wait_for=before)
+                ahead[s] = (r, aggregate.with_options(**later).submit(c, s, wait_for=[r]))
+    metrics = trained.result()
     t = _lap(walls, "train", t)
     wait([r for r, _ in ahead.values()])  # broadcast between rollouts, never under one
     t = _lap(walls, "wait_rollouts", t)
-    cast = broadcast_weights.with_options(**opts)(cfg, inf_gpus, step)
+    in_flight = [r for r, _ in ahead.values()]
+    casted = broadcast_weights.with_options(**opts)(
+        c, inf_gpus, step, wait_for=[edge(trained), *in_flight], return_state=True
+    )
+    cast = casted.result()
     t = _lap(walls, "broadcast", t)
-    checkpoint.with_options(**redo)(cfg, step)
+    checkpoint.with_options(**redo)(c, step, wait_for=[edge(trained)], return_state=True).result()
     t = _lap(walls, "checkpoint", t)
     if cfg.eval.interval and (step + 1) % cfg.eval.interval == 0:
-        evaluate_policy.with_options(**redo)(cfg, inf_gpus, step)
+        evaluate_policy.with_options(**redo)(c, inf_gpus, step, wait_for=[edge(casted)])
         _lap(walls, "eval", t)
     record = {
         "step": step,
@@ -221,7 +270,14 @@ def _step(
         "phase_seconds": walls,
         "finished_at": time.time(),
     }
-    return record, metrics, cast["step"]
+    return record, metrics, cast["step"], [edge(casted)]
+
+
+def edge(dep: State | PrefectFuture) -> State | PrefectFuture:
+    """A finished task's state as a `wait_for` item, its result replaced by True: Prefect walks a
+    state's result too and links every object in it (interned dict keys such as "step" included)
+    to whichever task returned that object last, drawing edges the step does not have."""
+    return dep.model_copy(update={"data": True}) if isinstance(dep, State) else dep
 
 
 def _lap(walls: dict[str, float], name: str, since: float) -> float:

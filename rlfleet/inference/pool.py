@@ -39,6 +39,7 @@ class InferencePool:
         self.external_ready = False  # external replicas (inference.urls) were healthy once
         self.dropped: set[str] = set()  # external replicas that stopped answering
         self.asleep = False  # inference.sleep: weights and KV cache freed while the trainer steps
+        self.relaunched: list[dict[str, Any]] = []  # dead replicas replaced, until a task reports them
 
     @property
     def urls(self) -> list[str]:
@@ -61,6 +62,10 @@ class InferencePool:
         dead = [r for r in self.replicas if not (r.process.alive() and healthy(r.url))]
         if self.replicas and not dead:
             return self.urls
+        self.relaunched += [
+            {"replica": r.index, "exit_code": r.process.returncode(), "weights": self.policy_step}
+            for r in dead
+        ]
         stop_replicas(self.replicas)
         self.replicas = launch_replicas(self.cfg, self.weights_path)
         self.asleep = False
@@ -68,6 +73,10 @@ class InferencePool:
             self._resync()
         write_served(RunStore(self.cfg.output_dir), self.policy_step)
         return self.urls
+
+    def take_relaunched(self) -> list[dict[str, Any]]:
+        out, self.relaunched = self.relaunched, []
+        return out
 
     def _resync(self) -> None:
         """Relaunched replicas started from files; bring them to the weights the pool serves."""

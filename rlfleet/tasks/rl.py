@@ -21,11 +21,13 @@ from prefect.utilities.hashing import hash_objects
 
 from rlfleet.config.models import RLConfig
 from rlfleet.errors import DeterministicError, is_transient
-from rlfleet.inference.pool import get_pool
+from rlfleet.flows.monitor import recovered
+from rlfleet.inference.pool import InferencePool, get_pool
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout, usable
 from rlfleet.store import RunStore, step_dir
 from rlfleet.tasks.storage import result_storage
+from rlfleet.trainer.checkpoint import latest_checkpoint
 from rlfleet.trainer.launch import get_trainer
 from rlfleet.trainer.worker import is_checkpoint_step
 from rlfleet.weights.tickets import ticket
@@ -63,6 +65,18 @@ def brief(manifest: dict[str, Any]) -> dict[str, Any]:
 
 def _store(cfg: RLConfig) -> RunStore:
     return RunStore(cfg.output_dir)
+
+
+def report_relaunches(cfg: RLConfig, pool: InferencePool) -> None:
+    for r in pool.take_relaunched():
+        recovered(
+            _store(cfg),
+            cfg.name,
+            "replica.relaunched",
+            f"vLLM replica {r['replica']} exited with code {r['exit_code']} and was relaunched "
+            f"with the weights of step {r['weights']}",
+            **r,
+        )
 
 
 @task(name="launch_inference_pool", task_run_name="launch_inference_pool", cache_policy=NO_CACHE)
@@ -114,6 +128,7 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
             out["first_error"],
         )
     out["sleep_seconds"] = pool.sleep()
+    report_relaunches(cfg, pool)
     return out
 
 
@@ -144,7 +159,21 @@ def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     store = _store(cfg)
     external = cfg.deployment.type == "multi_node"  # ranks started by the SLURM job on its train nodes
     trainer = get_trainer(cfg.trainer_job(gpu_ids), store.local_dir / "configs" / "trainer.toml", external)
-    trainer.ensure()
+    if (exit_code := trainer.ensure()) is not None:
+        ckpt = latest_checkpoint(store)
+        resume = -1 if ckpt is None else ckpt["step"]
+        replayed = list(range(resume + 1, step))
+        recovered(
+            store,
+            cfg.name,
+            "trainer.relaunched",
+            f"trainer exited with code {exit_code} and was relaunched at step {step}: it resumes from "
+            f"{f'checkpoint {resume}' if ckpt else 'the base model'} and replays steps {replayed or 'none'}",
+            exit_code=exit_code,
+            step=step,
+            checkpoint=resume,
+            replayed=replayed,
+        )
     return trainer.wait_step(store, step, cfg.tasks.step_timeout_s)
 
 
@@ -158,6 +187,7 @@ def broadcast_weights(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str,
     weights = ticket(_store(cfg), step, cfg.weights.transport)
     fetch = time.perf_counter() - t0
     out = pool.broadcast(weights)
+    report_relaunches(cfg, pool)
     return {**out, "fetch_seconds": fetch, "seconds": out["seconds"] + fetch}
 
 

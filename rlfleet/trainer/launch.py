@@ -60,10 +60,12 @@ class TrainerProcess:
         self.process: ManagedProcess | None = None
         self.launches = 0
 
-    def ensure(self) -> None:
-        """Start the trainer if it is not running; a fresh one resumes from the latest checkpoint."""
+    def ensure(self) -> int | None:
+        """Start the trainer if it is not running; a fresh one resumes from the latest checkpoint.
+        Returns the exit code of the trainer it replaces (a relaunch), else None."""
         if self.process is not None and self.process.alive():
-            return
+            return None
+        died = None if self.process is None else self.process.returncode()
         out = local_dir(self.cfg.output_dir)  # logs and pidfiles stay on this machine
         env = {"CUDA_VISIBLE_DEVICES": ",".join(self.cfg.gpu_ids)} if self.cfg.gpu_ids else {}
         self.launches += 1
@@ -76,6 +78,7 @@ class TrainerProcess:
             pidfile=out / "run" / "trainer.pid",
             env={**env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
         ).start()
+        return died
 
     def wait_step(self, store: RunStore, step: int, timeout_s: float) -> dict[str, Any]:
         """Block until `metrics/step_N.json` exists; notice a dead trainer within a poll interval.
@@ -121,7 +124,7 @@ class ExternalTrainer(TrainerProcess):
     (`record_trainer_error`), which fails the step here instead of waiting out the timeout.
     """
 
-    def ensure(self) -> None:
+    def ensure(self) -> int | None:
         return None
 
     def failure(self, store: RunStore, step: int) -> Exception | None:

@@ -1,0 +1,93 @@
+"""The run as the Prefect UI shows it while it goes, not only at its end.
+
+- Live artifacts under stable keys (`<run>-progress`, `<run>-metrics`, `<run>-reward-curve`):
+  the progress bar after every step, the metrics table and the reward curve every few steps, at
+  the end, and from a failing run's cleanup.
+- Recoveries as first-class events: a relaunched trainer or vLLM replica is a WARNING in the flow
+  run's log, a Prefect event (`rlfleet.trainer.relaunched`, `rlfleet.replica.relaunched`) a user
+  can attach an automation to, and a line in `run/recoveries.json`, which the summary counts.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.artifacts import (
+    create_image_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.events import emit_event
+from prefect.runtime import flow_run
+
+from rlfleet.flows.artifacts import artifact_key, metric_rows
+from rlfleet.report import reward_curve_png
+from rlfleet.store import RunStore
+
+RECOVERIES = "run/recoveries.json"
+_lock = threading.Lock()  # tasks run in worker threads of the flow's process
+
+
+def recovered(store: RunStore, run: str, what: str, message: str, **payload: Any) -> None:
+    """Record a recovery (`what`: trainer.relaunched, replica.relaunched) where a user sees it."""
+    get_run_logger().warning(message)
+    related = [
+        {"prefect.resource.id": f"prefect.flow-run.{flow_run.id}", "prefect.resource.role": "flow-run"}
+    ]
+    emit_event(
+        event=f"rlfleet.{what}",
+        resource={"prefect.resource.id": f"rlfleet.run.{run}", "prefect.resource.name": run},
+        related=related if flow_run.id else None,
+        payload={"message": message, **payload},
+    )
+    with _lock:
+        events = store.read_json(RECOVERIES) if store.exists(RECOVERIES) else []
+        store.write_json(
+            RECOVERIES, [*events, {"event": what, "at": time.time(), "message": message, **payload}]
+        )
+
+
+def recoveries(store: RunStore) -> list[dict[str, Any]]:
+    return store.read_json(RECOVERIES) if store.exists(RECOVERIES) else []
+
+
+class LiveArtifacts:
+    """Progress after every step; the table and curve every `every` steps (about 50 versions a run)."""
+
+    def __init__(self, store: RunStore, name: str, max_steps: int, start: int):
+        self.store, self.name, self.max_steps = store, name, max_steps
+        self.every = max(1, max_steps // 50)
+        self.progress = create_progress_artifact(
+            100.0 * start / max_steps, key=artifact_key(name, "progress"), description=self._said(start)
+        )
+
+    def _said(self, done: int) -> str:
+        return f"rl run {self.name}: {done} of {self.max_steps} steps done"
+
+    def step_done(self, step: int, steps: list[dict[str, Any]]) -> None:
+        update_progress_artifact(
+            self.progress, 100.0 * (step + 1) / self.max_steps, description=self._said(step + 1)
+        )
+        if (step + 1) % self.every == 0:
+            self.publish(steps)
+
+    def publish(self, steps: list[dict[str, Any]]) -> None:
+        """The metrics table and the reward curve of the steps so far (a new version of each key)."""
+        if not steps:
+            return
+        create_table_artifact(
+            key=artifact_key(self.name, "metrics"),
+            table=metric_rows(self.store, steps),
+            description=f"per-step metrics of rl run {self.name} (steps 0-{steps[-1]['step']})",
+        )
+        png = reward_curve_png(steps, f"{self.name}: mean reward per step")
+        create_image_artifact(
+            image_url="data:image/png;base64," + base64.b64encode(png).decode(),
+            key=artifact_key(self.name, "reward-curve"),
+            description=f"reward curve of rl run {self.name} (steps 0-{steps[-1]['step']})",
+        )
