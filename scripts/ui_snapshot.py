@@ -121,13 +121,13 @@ def main() -> None:
             run_id = summary["prefect_flow_run_id"]
             ui = f"http://127.0.0.1:{port}"
             profile = tmp / "chromium"
-            pages = {
-                "runs.png": f"{ui}/runs",
-                "flow_run.png": f"{ui}/runs/flow-run/{run_id}",
-                "artifacts.png": f"{ui}/runs/flow-run/{run_id}?tab=Artifacts",
-                "metrics_table.png": f"{ui}/artifacts/key/ui-snapshot-metrics",
-                "summary.png": f"{ui}/artifacts/key/ui-snapshot-summary",
-            }
+            pages = {"runs.png": f"{ui}/runs", "flow_run.png": f"{ui}/runs/flow-run/{run_id}"}
+            for kind in ("summary", "metrics", "reward-curve", "progress"):  # each one's latest version
+                (latest,) = httpx.post(
+                    f"{api}/artifacts/latest/filter",
+                    json={"artifacts": {"key": {"any_": [f"ui-snapshot-{kind}"]}}},
+                ).json()
+                pages[f"artifact_{kind}.png"] = f"{ui}/artifacts/artifact/{latest['latest_id']}"
             for name, url in pages.items():
                 shot(browser, url, shots / name, profile)
             (shots / "run.json").write_text(

@@ -66,7 +66,9 @@ def assert_readable_in_prefect(state, out: Path, summary: dict) -> None:
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(run_id)
     first, last = summary["first3_mean_reward"], summary["last3_mean_reward"]
-    assert run.name == "run" and state.message == f"reward {first:.3f} -> {last:.3f} in 2 steps, 0 recoveries"
+    assert (
+        run.name == "run" and state.message == f"reward {first:.3f} -> {last:.3f} in 2 steps; recoveries: 0"
+    )
     assert {"env:repeat", "model:tiny", "deployment:single_node", "weights:filesystem"} <= set(run.tags)
 
     runs = task_runs(run_id)

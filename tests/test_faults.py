@@ -170,7 +170,7 @@ def test_trainer_killed_mid_run_is_relaunched_from_checkpoint(tiny_model, prefec
     assert event["payload"]["replayed"] == [2] and event["payload"]["step"] == 3
     summary = json.loads((out / "summary.json").read_text())
     assert [r["event"] for r in summary["recoveries"]] == ["trainer.relaunched"]
-    assert state.message.endswith("in 4 steps, 1 recoveries")
+    assert state.message.endswith("in 4 steps; recoveries: 1")
     warnings = [x for x in flow_run_logs(run_id) if x.level == logging.WARNING]
     assert any("trainer exited with code -9 and was relaunched at step 3" in x.message for x in warnings)
 

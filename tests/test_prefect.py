@@ -26,6 +26,7 @@ from rlfleet.workers.deploy import prefect_cli
 from tests.conftest import free_port
 from tests.test_e2e import rl_config
 from tests.test_faults import KillWhen, assert_every_step_once, assert_no_process_left, task_runs
+from tests.wandb_log import history_and_config
 
 pytestmark = pytest.mark.e2e
 
@@ -141,6 +142,9 @@ def test_ablation_table_and_eval(prefect_api, tiny_model, tmp_path):
         store = RunStore(row["output_dir"])
         assert store.complete_steps("checkpoints") == [0, 1]
         assert store.read_json("evals/step_1.json")["source"] == "rl"
+        assert set(store.read_json("steps/step_1.json")["eval"]["repeat"]) == {"mean_reward", "pass@1"}
+        rows_logged, _ = history_and_config(next((Path(row["output_dir"]) / "wandb").glob("offline-run-*")))
+        assert "eval/repeat/mean_reward" in rows_logged[1] and "eval/repeat/mean_reward" not in rows_logged[0]
     assert RunStore(tmp_path / "abl").read_json("ablation.json") == rows
     with get_client(sync_client=True) as client:
         (table,) = client.read_artifacts(

@@ -84,7 +84,7 @@ def rl(config: RLConfig) -> State:
     first, last = summary["first3_mean_reward"], summary["last3_mean_reward"]
     change = "no steps run" if first is None else f"reward {first:.3f} -> {last:.3f}"
     n = len(summary["recoveries"])
-    return Completed(message=f"{change} in {len(summary['steps'])} steps, {n} recoveries", data=summary)
+    return Completed(message=f"{change} in {len(summary['steps'])} steps; recoveries: {n}", data=summary)
 
 
 def tag_run(cfg: RLConfig) -> None:
@@ -248,9 +248,9 @@ def _step(
     checkpoint.with_options(**redo)(c, step, wait_for=[edge(trained)], return_state=True).result()
     t = _lap(walls, "checkpoint", t)
     if cfg.eval.interval and (step + 1) % cfg.eval.interval == 0:
-        evaluate_policy.with_options(**redo)(c, inf_gpus, step, wait_for=[edge(casted)])
+        evaluated = evaluate_policy.with_options(**redo)(c, inf_gpus, step, wait_for=[edge(casted)])
         _lap(walls, "eval", t)
-    record = {
+    record: dict[str, Any] = {
         "step": step,
         "mean_reward": roll["reward_mean"],
         "reward_errors": roll.get("reward_errors", 0),  # samples whose reward function raised or timed out
@@ -270,6 +270,8 @@ def _step(
         "phase_seconds": walls,
         "finished_at": time.time(),
     }
+    if cfg.eval.interval and (step + 1) % cfg.eval.interval == 0:
+        record["eval"] = {e["env"]: {k: e[k] for k in ("mean_reward", "pass@1")} for e in evaluated["envs"]}
     return record, metrics, cast["step"], [edge(casted)]
 
 

@@ -174,7 +174,17 @@ def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
             checkpoint=resume,
             replayed=replayed,
         )
-    return trainer.wait_step(store, step, cfg.tasks.step_timeout_s)
+    metrics = trainer.wait_step(store, step, cfg.tasks.step_timeout_s)
+    get_run_logger().info(  # on the task's page: the step's numbers and where the process logs are
+        "loss %.4f grad_norm %.3f clip_frac %.3f mismatch_kl %.2e in %.2f s; trainer log: %s",
+        metrics["loss"],
+        metrics.get("grad_norm", float("nan")),
+        metrics.get("clip_frac", 0.0),
+        metrics.get("mismatch_kl", 0.0),
+        metrics.get("step_seconds", 0.0),
+        store.local_dir / "logs" / "trainer" / "rank_0.log",
+    )
+    return metrics
 
 
 @task(name="broadcast_weights", task_run_name="broadcast_weights-{step}", cache_policy=NO_CACHE)
