@@ -78,6 +78,7 @@ def assert_readable_in_prefect(state, out: Path, summary: dict) -> None:
         for r in runs
     }
     assert edges == {
+        "start_trainer": [],
         "launch_inference_pool": [],
         "rollout-0": ["launch_inference_pool"],
         "aggregate-0": ["rollout-0"],

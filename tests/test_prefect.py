@@ -101,7 +101,10 @@ def test_deployment_run_fails_then_retry_reruns_only_unfinished_tasks(worker, ti
     text = prefect_cli("deployment", "run", "rl/main", "--param", f"config={params}", cwd=ROOT, timeout=300)
     run_id = UUID(text.split("UUID:")[1].split()[0])
     first = wait_final(run_id)
-    assert killer.killed_at is not None and first.state.is_failed(), first.state
+    # Failed, as the flow's engine sets it; at times Prefect's runner then sees the process's exit
+    # code 1 before that state is readable and reports the run Crashed (seen under CI load). The
+    # retry below treats both alike.
+    assert killer.killed_at is not None and (first.state.is_failed() or first.state.is_crashed()), first.state
 
     prefect_cli("flow-run", "retry", str(run_id), cwd=ROOT, timeout=300)
     final = wait_final(run_id, after=first.end_time.timestamp())
@@ -114,7 +117,7 @@ def test_deployment_run_fails_then_retry_reruns_only_unfinished_tasks(worker, ti
     assert failed == {"train-1"}
     # finished in the first attempt: step 0 is not called again, step 1's rollout and batches come from the cache
     assert cached == {"rollout-1", "aggregate-1"}
-    step_tasks = {n: c for n, c in executed.items() if not n.startswith(("launch_", "broadcast_"))}
+    step_tasks = {n: c for n, c in executed.items() if not n.startswith(("launch_", "start_", "broadcast_"))}
     assert step_tasks == {
         **{f"{t}-{s}": 1 for t in ("rollout", "aggregate", "train", "checkpoint") for s in range(3)},
         "train-1": 2,  # failed, then the retry: the only task that ran twice

@@ -50,6 +50,7 @@ from rlfleet.tasks.rl import (
     launch_inference_pool,
     policy,
     rollout,
+    start_trainer,
     train,
 )
 from rlfleet.tasks.storage import load_credentials_block
@@ -122,10 +123,13 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
     try:
         served, after = start - 1, []  # the weight version the pool holds; what rollouts wait for
         if start < cfg.max_steps:
+            # the trainer loads its model while vLLM starts: both are ready when step `start` begins
+            warm = start_trainer.with_options(**policy(cfg)).submit(quote(cfg), train_gpus)
             launched = launch_inference_pool.with_options(
                 **policy(cfg, cfg.inference.startup_timeout_s + 60)
             )(quote(cfg), inf_gpus, start - 1, return_state=True)
             served, after = launched.result()["step"], [edge(launched)]
+            warm.result()
         with _progress() as bar:
             job = bar.add_task("rl", total=cfg.max_steps, completed=start, reward="-", secs="")
             for step in range(start, cfg.max_steps):

@@ -28,7 +28,7 @@ from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout, usable
 from rlfleet.store import RunStore, step_dir
 from rlfleet.tasks.storage import result_storage
 from rlfleet.trainer.checkpoint import latest_checkpoint
-from rlfleet.trainer.launch import get_trainer
+from rlfleet.trainer.launch import TrainerProcess, get_trainer
 from rlfleet.trainer.worker import is_checkpoint_step
 from rlfleet.weights.tickets import ticket
 
@@ -153,12 +153,24 @@ def aggregate(cfg: RLConfig, step: int, num_ranks: int = 1) -> dict[str, Any]:
     )
 
 
+def _trainer(cfg: RLConfig, gpu_ids: list[str]) -> TrainerProcess:
+    external = cfg.deployment.type == "multi_node"  # ranks started by the SLURM job on its train nodes
+    return get_trainer(cfg.trainer_job(gpu_ids), _store(cfg).local_dir / "configs" / "trainer.toml", external)
+
+
+@task(name="start_trainer", task_run_name="start_trainer", cache_policy=NO_CACHE)
+def start_trainer(cfg: RLConfig, gpu_ids: list[str]) -> dict[str, Any]:
+    """Start the trainer while vLLM starts, so it has loaded its model when the first batch comes."""
+    trainer = _trainer(cfg, gpu_ids)
+    trainer.ensure()
+    return {"pid": trainer.process.pid if trainer.process else None}
+
+
 @task(name="train", task_run_name="train-{step}", cache_key_fn=step_key)
 def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     """Make sure the long-lived trainer runs, then wait for it to finish step N (or die)."""
     store = _store(cfg)
-    external = cfg.deployment.type == "multi_node"  # ranks started by the SLURM job on its train nodes
-    trainer = get_trainer(cfg.trainer_job(gpu_ids), store.local_dir / "configs" / "trainer.toml", external)
+    trainer = _trainer(cfg, gpu_ids)
     if (exit_code := trainer.ensure()) is not None:
         ckpt = latest_checkpoint(store)
         resume = -1 if ckpt is None else ckpt["step"]
