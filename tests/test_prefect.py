@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from prefect import get_client
 
 from rlfleet.config.loader import load
 from rlfleet.config.models import EvalJobConfig
-from rlfleet.procs import kill_group
+from rlfleet.procs import kill_group, wait_until
 from rlfleet.store import RunStore
 from rlfleet.workers.deploy import prefect_cli
 from tests.conftest import free_port
@@ -44,7 +45,8 @@ def worker(prefect_api, tmp_path_factory):
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    log = open(tmp_path_factory.mktemp("worker") / "worker.log", "wb")  # noqa: SIM115 - closed below
+    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+    log = open(log_path, "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL],
         env={**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "2"},
@@ -53,6 +55,7 @@ def worker(prefect_api, tmp_path_factory):
         start_new_session=True,
         cwd=ROOT,
     )
+    proc.log_path = log_path  # what the worker says about the processes it ran
     yield proc
     kill_group(proc.pid)
     log.close()
@@ -100,10 +103,19 @@ def test_deployment_run_fails_then_retry_reruns_only_unfinished_tasks(worker, ti
     killer.start()
     text = prefect_cli("deployment", "run", "rl/main", "--param", f"config={params}", cwd=ROOT, timeout=300)
     run_id = UUID(text.split("UUID:")[1].split()[0])
-    first = wait_final(run_id)
-    # Failed, as the flow's engine sets it; at times Prefect's runner then sees the process's exit
-    # code 1 before that state is readable and reports the run Crashed (seen under CI load). The
-    # retry below treats both alike.
+    wait_final(run_id)
+    # The engine sets Failed; then the worker sees the process's exit code 1 and proposes Crashed,
+    # which Prefect's server at times accepts over Failed. A retry sent before that proposal is
+    # overwritten by it, so wait until the worker is done with the process (a user's Retry comes
+    # later than that); the retry below treats Failed and Crashed alike.
+    submitted = re.search(r"Created flow run '([^']+)'", text).group(1)
+    wait_until(
+        lambda: f"Process for flow run '{submitted}' exited" in worker.log_path.read_text(errors="replace"),
+        60,
+        what="the worker to see the first attempt's process exit",
+    )
+    time.sleep(2)  # its crash proposal follows that line
+    first = flow_run(run_id)
     assert killer.killed_at is not None and (first.state.is_failed() or first.state.is_crashed()), first.state
 
     prefect_cli("flow-run", "retry", str(run_id), cwd=ROOT, timeout=300)
