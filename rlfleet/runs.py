@@ -85,18 +85,16 @@ def preflight(cfg: RLConfig) -> tuple[list[str], list[str]]:
     except ConfigError as e:
         problems.append(str(e))
         gpus = ([], [])
-    shared = [
-        f"{field} needs vLLM and the trainer on one GPU; they got {gpus[0] or 'none'} and {gpus[1] or 'none'}"
-        for field, on in (
-            (
-                "weights.transport: cuda_ipc maps the trainer's GPU memory into vLLM, so it",
-                cfg.weights.transport == "cuda_ipc",
-            ),
-            ("inference.sleep", cfg.inference.sleep),
-        )
-        if on and not set(gpus[0]) & set(gpus[1])
-    ]
-    problems += shared
+    ipc = cfg.weights.transport == "cuda_ipc"
+    needs_shared_gpu = {
+        "weights.transport: cuda_ipc maps the trainer's GPU memory into vLLM, so it": ipc,
+        "inference.sleep": cfg.inference.sleep,
+    }
+    for field, on in needs_shared_gpu.items():
+        if on and not set(gpus[0]) & set(gpus[1]):
+            problems.append(
+                f"{field} needs vLLM and the trainer on one GPU; they got {gpus[0] or 'none'} and {gpus[1] or 'none'}"
+            )
     raise_if(problems)
     return gpus
 

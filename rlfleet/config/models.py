@@ -20,6 +20,7 @@ from rlfleet.config.deployment import (
     check_slurm_fit,
 )
 from rlfleet.config.envs import EnvList, EvalEnvList, RepeatEnvConfig, RepeatEvalEnv, env_name, split_counts
+from rlfleet.config.weights import WeightsConfig, check_transport
 
 
 class ModelConfig(Strict):
@@ -191,18 +192,6 @@ class WandbConfig(Strict):
     project: str = "rlfleet"
 
 
-class WeightsConfig(Strict):
-    """How each step's weights reach vLLM (rlfleet/weights/); checkpoints always go to the run store."""
-
-    transport: Literal["filesystem", "cuda_ipc", "nccl"] = Field(
-        "filesystem",
-        description="filesystem: weights/step_N + in-place reload; cuda_ipc: vLLM reads the trainer's GPU "
-        "memory (one shared GPU); nccl: a broadcast from trainer rank 0 (gloo when the trainer is on a CPU).",
-    )
-    timeout_s: float = Field(600.0, gt=0, description="How long the trainer waits for vLLM to take a step.")
-    nccl_port: int = Field(29650, ge=1024, le=65535, description="Rendezvous port of the nccl transport.")
-
-
 class _RunBase(Strict):
     output_dir: NonEmptyStr = "outputs/run"
     seed: int = 0
@@ -318,30 +307,13 @@ class RLConfig(_RunBase):
             )
         if i.port + i.num_replicas - 1 > 65535:
             raise ValueError("inference.port: port + num_replicas - 1 exceeds 65535")
-        self._check_transport()
+        check_transport(self.weights, d, i.urls)
         if i.sleep and (o.max_async_level or d.type != "single_node" or d.num_inference_gpus != 1):
             raise ValueError(
                 "inference.sleep: vLLM sleeps while the trainer steps on the GPU they share, so it needs "
                 "deployment.num_inference_gpus = num_train_gpus = 1 and orchestrator.max_async_level = 0"
             )
         return self
-
-    def _check_transport(self) -> None:
-        """What the config alone can tell; the shared-GPU check needs the GPU ids (preflight)."""
-        t, d = self.weights.transport, self.deployment
-        if t == "filesystem":
-            return
-        if d.type != "single_node" or self.inference.urls:
-            raise ValueError(
-                f"weights.transport: {t} runs on one node with replicas it starts; use filesystem"
-            )
-        if t == "cuda_ipc" and (d.num_inference_gpus != 1 or d.num_train_gpus != 1):
-            raise ValueError(
-                "weights.transport: cuda_ipc needs vLLM and the trainer on one shared GPU "
-                "(deployment.num_inference_gpus = num_train_gpus = 1); use nccl across GPUs"
-            )
-        if t == "nccl" and self.deployment.num_train_gpus > 1:
-            raise ValueError("weights.transport: nccl sends from one trainer rank; set num_train_gpus = 1")
 
     @property
     def name(self) -> str:

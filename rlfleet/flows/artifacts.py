@@ -15,30 +15,19 @@ def artifact_key(name: str, kind: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"{name}-{kind}".lower()).strip("-")
 
 
-def metric_rows(store: RunStore, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per step: the flow's step record joined with the trainer's metrics and any eval."""
-    rows = []
-    for rec in steps:
-        step = rec["step"]
-        row = {k: rec[k] for k in ("step", "mean_reward", "step_seconds") if k in rec}
-        if store.exists(f"metrics/step_{step}.json"):
-            m = store.read_json(f"metrics/step_{step}.json")
-            row |= {
-                k: m[k]
-                for k in (
-                    "loss",
-                    "grad_norm",
-                    "clip_frac",
-                    "mismatch_kl",
-                    "logprob_diff_max",
-                    "train_seconds",
-                )
-                if k in m
-            }
-        if store.exists(f"evals/step_{step}.json"):
-            row["eval_reward"] = store.read_json(f"evals/step_{step}.json")["mean_reward"]
-        rows.append({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
-    return rows
+ROW_METRICS = ("loss", "grad_norm", "clip_frac", "mismatch_kl", "logprob_diff_max", "train_seconds")
+
+
+def metric_row(store: RunStore, rec: dict[str, Any]) -> dict[str, Any]:
+    """A step's row: the flow's step record joined with the trainer's metrics and any eval."""
+    step = rec["step"]
+    row = {k: rec[k] for k in ("step", "mean_reward", "step_seconds") if k in rec}
+    if store.exists(f"metrics/step_{step}.json"):
+        m = store.read_json(f"metrics/step_{step}.json")
+        row |= {k: m[k] for k in ROW_METRICS if k in m}
+    if store.exists(f"evals/step_{step}.json"):
+        row["eval_reward"] = store.read_json(f"evals/step_{step}.json")["mean_reward"]
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
 
 
 def publish_summary(store: RunStore, name: str, summary: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ from prefect.artifacts import (
 from prefect.events import emit_event
 from prefect.runtime import flow_run
 
-from rlfleet.flows.artifacts import artifact_key, metric_rows
+from rlfleet.flows.artifacts import artifact_key, metric_row
 from rlfleet.report import reward_curve_png
 from rlfleet.store import RunStore
 
@@ -46,10 +46,8 @@ def recovered(store: RunStore, run: str, what: str, message: str, **payload: Any
         payload={"message": message, **payload},
     )
     with _lock:
-        events = store.read_json(RECOVERIES) if store.exists(RECOVERIES) else []
-        store.write_json(
-            RECOVERIES, [*events, {"event": what, "at": time.time(), "message": message, **payload}]
-        )
+        event = {"event": what, "at": time.time(), "message": message, **payload}
+        store.write_json(RECOVERIES, [*recoveries(store), event])
 
 
 def recoveries(store: RunStore) -> list[dict[str, Any]]:
@@ -61,6 +59,7 @@ class LiveArtifacts:
 
     def __init__(self, store: RunStore, name: str, max_steps: int, start: int):
         self.store, self.name, self.max_steps = store, name, max_steps
+        self.rows: dict[int, dict[str, Any]] = {}  # a finished step's row, read from the store once
         self.every = max(1, max_steps // 50)
         self.progress = create_progress_artifact(
             100.0 * start / max_steps, key=artifact_key(name, "progress"), description=self._said(start)
@@ -76,13 +75,18 @@ class LiveArtifacts:
         if (step + 1) % self.every == 0:
             self.publish(steps)
 
+    def _row(self, rec: dict[str, Any]) -> dict[str, Any]:
+        if rec["step"] not in self.rows:
+            self.rows[rec["step"]] = metric_row(self.store, rec)
+        return self.rows[rec["step"]]
+
     def publish(self, steps: list[dict[str, Any]]) -> None:
         """The metrics table and the reward curve of the steps so far (a new version of each key)."""
         if not steps:
             return
         create_table_artifact(
             key=artifact_key(self.name, "metrics"),
-            table=metric_rows(self.store, steps),
+            table=[self._row(rec) for rec in steps],
             description=f"per-step metrics of rl run {self.name} (steps 0-{steps[-1]['step']})",
         )
         png = reward_curve_png(steps, f"{self.name}: mean reward per step")

@@ -251,6 +251,7 @@ def _step(
     t = _lap(walls, "broadcast", t)
     checkpoint.with_options(**redo)(c, step, wait_for=[edge(trained)], return_state=True).result()
     t = _lap(walls, "checkpoint", t)
+    evaluated = None
     if cfg.eval.interval and (step + 1) % cfg.eval.interval == 0:
         evaluated = evaluate_policy.with_options(**redo)(c, inf_gpus, step, wait_for=[edge(casted)])
         _lap(walls, "eval", t)
@@ -274,7 +275,7 @@ def _step(
         "phase_seconds": walls,
         "finished_at": time.time(),
     }
-    if cfg.eval.interval and (step + 1) % cfg.eval.interval == 0:
+    if evaluated is not None:
         record["eval"] = {e["env"]: {k: e[k] for k in ("mean_reward", "pass@1")} for e in evaluated["envs"]}
     return record, metrics, cast["step"], [edge(casted)]
 

@@ -31,9 +31,8 @@ class InferencePool:
         self.cfg = cfg
         self.replicas: list[Replica] = []
         self.policy_step = -1  # weight version the servers hold; -1 = the initial model
-        self.weights_path: str | None = (
-            None  # newest weights on disk they loaded (what a relaunch starts from)
-        )
+        # the newest weights on disk they loaded: what a relaunch starts from
+        self.weights_path: str | None = None
         self.ticket: dict[str, Any] | None = None  # the last weights they loaded, any transport
         self.closed = False  # after shutdown nothing relaunches (a rollout still in flight must not)
         self.external_ready = False  # external replicas (inference.urls) were healthy once

@@ -38,7 +38,7 @@ TOKENIZER_FILES = (
 )
 
 
-def _hf_model(model: torch.nn.Module) -> PreTrainedModel:
+def hf_model(model: torch.nn.Module) -> PreTrainedModel:
     return getattr(model, "lm", model)  # a trainer Policy wraps the HF model
 
 
@@ -48,7 +48,7 @@ def _save_model(
     if par is not None and par.enabled:
         _save_sharded_as_hf(model, out, par)
     else:
-        _hf_model(model).save_pretrained(out, safe_serialization=True)
+        hf_model(model).save_pretrained(out, safe_serialization=True)
     if tokenizer_dir and (par is None or par.is_main):
         for name in TOKENIZER_FILES:
             src = Path(tokenizer_dir) / name
@@ -61,7 +61,7 @@ def _save_sharded_as_hf(model: torch.nn.Module, out: Path, par: Parallel) -> Non
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    lm = _hf_model(model)
+    lm = hf_model(model)
     sd = get_model_state_dict(lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not par.is_main:
         return
@@ -158,7 +158,7 @@ def save_checkpoint(
 def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_sd, optim_sd = get_state_dict(_hf_model(model), optimizer)
+    model_sd, optim_sd = get_state_dict(hf_model(model), optimizer)
     return {"model": model_sd, "optim": optim_sd}
 
 
@@ -177,7 +177,7 @@ def load_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str
     state = _dcp_state(model, optimizer)
     dcp.load(state, checkpoint_id=path)
     set_state_dict(
-        _hf_model(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        hf_model(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
 
 

@@ -17,6 +17,7 @@ import torch
 
 from rlfleet.store import RunStore
 from rlfleet.trainer.parallel import Parallel
+from rlfleet.trainer.train import DTYPES
 from rlfleet.weights import tensors
 from rlfleet.weights.tickets import ticket_rel, wait_served
 
@@ -27,7 +28,7 @@ class IpcPublisher:
     def __init__(self, store: RunStore, par: Parallel, dtype: str, timeout_s: float):
         if par.device.type != "cuda":
             raise ValueError("weights.transport: cuda_ipc needs the trainer on a GPU")
-        self.store, self.par, self.dtype, self.timeout_s = store, par, tensors.DTYPES[dtype], timeout_s
+        self.store, self.par, self.dtype, self.timeout_s = store, par, DTYPES[dtype], timeout_s
         self.layout: list | None = None
         self.slots: list[list[torch.Tensor]] = []
         self.handles: list[list[str]] = []

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from rlfleet.store import RunStore
 from rlfleet.trainer.parallel import Parallel
+from rlfleet.trainer.train import DTYPES
 from rlfleet.weights import tensors
 from rlfleet.weights.tickets import ticket_rel
 
@@ -61,7 +62,7 @@ class NcclPublisher:
     def __init__(
         self, store: RunStore, par: Parallel, dtype: str, port: int, receivers: int, timeout_s: float
     ):
-        self.store, self.par, self.dtype = store, par, tensors.DTYPES[dtype]
+        self.store, self.par, self.dtype = store, par, DTYPES[dtype]
         self.port, self.world, self.timeout_s = port, 1 + receivers, timeout_s
         self.group_id = f"{os.getpid()}-{time.time_ns()}"
         self.group: Group | None = None
@@ -96,7 +97,7 @@ class NcclPublisher:
 
 def receive(ticket: dict[str, Any], group: Group, device: torch.device) -> list[torch.Tensor]:
     """The buckets of `ticket`, received from rank 0 into fresh buffers on `device`."""
-    dtype = tensors.DTYPES[ticket["dtype"]]
+    dtype = DTYPES[ticket["dtype"]]
     buckets = [torch.empty(n, dtype=dtype, device=device) for n in tensors.bucket_sizes(ticket["layout"])]
     broadcast(group, buckets)
     return buckets

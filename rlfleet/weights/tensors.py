@@ -12,13 +12,14 @@ from collections.abc import Iterator
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from rlfleet.trainer.checkpoint import hf_model
+
 BUCKET_BYTES = 1 << 30
 
 
 def full_state_dict(model: torch.nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
     """HF names -> full tensors on the trainer's device (gathered when the model is FSDP-sharded)."""
-    lm = getattr(model, "lm", model)  # a trainer Policy wraps the HF model
+    lm = hf_model(model)
     if sharded:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

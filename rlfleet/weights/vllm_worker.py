@@ -1,8 +1,8 @@
 """rlfleet's methods inside each vLLM worker (`--worker-extension-cls`), reached by
 `POST /collective_rpc {"method": "rlfleet_load", "args": [<ticket JSON>]}` on every worker.
 
-Loaded inside vLLM's worker processes: it imports torch and this package's transport modules,
-never Prefect or the rest of rlfleet.
+Loaded inside vLLM's worker processes: it imports this package's transport modules (torch and
+rlfleet's engine packages), never Prefect.
 """
 
 from __future__ import annotations
