@@ -1,7 +1,8 @@
 """Long-lived child processes (vLLM servers, trainers) that never outlive the run.
 
 Each child starts in its own session (process group) so stopping it stops its whole tree (vLLM's
-engine core, torchrun's workers); it gets SIGTERM if its parent dies (PR_SET_PDEATHSIG); and a
+engine core, torchrun's workers), under `rlfleet.guard`, which gets SIGTERM if its parent dies
+(PR_SET_PDEATHSIG) and then SIGKILLs the group after a grace period; and a
 pidfile under `<output_dir>/run/` lets the next launch of the same run reap a child whose parent
 was SIGKILLed before it could clean up.
 """
@@ -13,6 +14,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,7 +45,7 @@ class ManagedProcess:
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed in stop()
         self.proc = subprocess.Popen(
-            self.cmd,
+            [sys.executable, "-m", "rlfleet.guard", *self.cmd],  # takes the group down on SIGTERM
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **self.env},
