@@ -9,6 +9,7 @@ from the replica's log. Shapes are random-init Llamas with the tiny character to
 
     python benchmarks/gpu_loop.py --shapes tiny,05b --transports filesystem,cuda_ipc \\
         --out benchmarks/results/gpu_loop_h100.json -- --wandb.mode disabled
+    python benchmarks/gpu_loop.py --shapes 05b --transports cuda_ipc --levels 0,1 --out ...  # async
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ def sync_times(out: Path, records: list[dict[str, Any]]) -> list[float]:
     return [publish.get(r["step"], 0.0) + r["broadcast_seconds"] for r in records]
 
 
+def steady_steps_per_min(timed: list[dict[str, Any]]) -> float:
+    """From finish times (k>0 overlaps steps, so step_seconds do not add up), leaving out the last
+    step, which also writes the end-of-run checkpoint (7-25 s at 0.5B-1.5B)."""
+    t = timed[:-1]
+    return 60 * (len(t) - 1) / (t[-1]["finished_at"] - t[0]["finished_at"])
+
+
 def vllm_start(out: Path) -> dict[str, Any]:
     log = (out / "logs" / "inference" / "replica_0.log").read_text(errors="replace")
     kv = re.findall(r"KV cache size: ([\d,]+) tokens", log)
@@ -51,11 +59,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="tiny,05b")
     ap.add_argument("--transports", default="filesystem,cuda_ipc")
+    ap.add_argument("--levels", default="0", help="orchestrator.max_async_level values to run")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", required=True)
     ap.add_argument("--work", help="keep models and run dirs here (default: a temp dir, removed)")
     a, overrides = ap.parse_known_args()
+    overrides = [o for o in overrides if o != "--"]
     gpu = ["--deployment.num-inference-gpus", "1", "--deployment.num-train-gpus", "1"]
     results: dict[str, Any] = {
         "config": {"steps": a.steps, "warmup": a.warmup, "args": overrides},
@@ -65,9 +75,13 @@ def main() -> None:
         tmp = Path(a.work or tmp_s)
         for shape in a.shapes.split(","):
             model = make_tiny_model(tmp / f"model_{shape}", seed=0, **SHAPES[shape])
-            for transport in a.transports.split(","):
-                out = tmp / f"{shape}_{transport}"
-                args = ["--max-steps", str(a.steps), "--weights.transport", transport, *gpu, *overrides]
+            for transport, level in [
+                (t, int(k)) for t in a.transports.split(",") for k in a.levels.split(",")
+            ]:
+                key = f"{shape}/{transport}" + (f"/k{level}" if level else "")
+                out = tmp / key.replace("/", "_")
+                args = ["--max-steps", str(a.steps), "--weights.transport", transport, *gpu]
+                args += ["--orchestrator.max-async-level", str(level), *overrides]
                 cfg = rl_config(model, out, *args)
                 t0 = time.perf_counter()
                 records, wall = run_rl(cfg)
@@ -76,9 +90,11 @@ def main() -> None:
                 run = {
                     "shape": SHAPES[shape],
                     "transport": transport,
+                    "max_async_level": level,
                     "first3_reward": sum(r["mean_reward"] for r in records[:3]) / 3,
                     "last3_reward": sum(r["mean_reward"] for r in records[-3:]) / 3,
                     "median_step_s": median([r["step_seconds"] for r in timed]),
+                    "steps_per_min": steady_steps_per_min(timed),
                     "median_sync_s": median(sync),
                     "median_broadcast_s": median([r["broadcast_seconds"] for r in timed]),
                     "median_sample_s": median([r["sample_seconds"] for r in timed]),
@@ -88,18 +104,29 @@ def main() -> None:
                     **vllm_start(out),
                     "records": records,
                 }
-                results["runs"][f"{shape}/{transport}"] = run
-                print(shape, transport, {k: v for k, v in run.items() if k != "records"}, flush=True)
+                results["runs"][key] = run
+                print(key, {k: v for k, v in run.items() if k != "records"}, flush=True)
                 write(a.out, results)  # after every run: a later failure keeps what was measured
     table(
         f"RL loop on one GPU, {a.steps} steps ({a.warmup} warm-up left out of the medians)",
-        ["run", "reward first-3", "last-3", "step s", "sync s", "sampling s", "trainer s", "KV tokens"],
+        [
+            "run",
+            "reward first-3",
+            "last-3",
+            "step s",
+            "steps/min",
+            "sync s",
+            "sampling s",
+            "trainer s",
+            "KV tokens",
+        ],
         [
             [
                 k,
                 r["first3_reward"],
                 r["last3_reward"],
                 r["median_step_s"],
+                r["steps_per_min"],
                 r["median_sync_s"],
                 r["median_sample_s"],
                 r["median_trainer_s"],
