@@ -47,8 +47,8 @@ DIFFERS = [
     "sampling: rlfleet = a vLLM server (the CPU build on a CPU) in its own process, over HTTP; TRL = HF generate "
     "in process (colocated vLLM with --trl-vllm); the random samples differ",
     "micro-batches: rlfleet sorts a step's sequences by length, TRL shuffles them",
-    "rlfleet publishes the weights every step and checkpoints every trainer.checkpoint_interval steps; TRL saves "
-    "nothing (save_strategy='no')",
+    "checkpoints: both save model + optimizer every trainer.checkpoint_interval steps and at the end (rlfleet: "
+    "HF safetensors + DCP, checked by the flow's checkpoint task; TRL: save_steps, save_only_model=False)",
     "processes: rlfleet = controller (Prefect flow) + vLLM server + trainer; TRL = one process",
     "GPU: rlfleet trains through FSDP2 on one GPU (param_dtype bf16), TRL a plain module with bf16=True; both "
     "hold bf16 weights and step AdamW on them",
@@ -235,7 +235,8 @@ def trl_spec(cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool) -> d
         "beta": 0.0, "num_iterations": 1, "loss_type": "dapo", "scale_rewards": "group",
         "epsilon": t.clip_low, "epsilon_high": t.clip_high, "use_vllm": trl_vllm, **(vllm if trl_vllm else {}),
         "bf16": cuda, "use_cpu": not cuda, "model_init_kwargs": {"dtype": "bfloat16" if cuda else "float32"},
-        "logging_steps": 1, "save_strategy": "no", "report_to": "none", "disable_tqdm": True,
+        "logging_steps": 1, "report_to": "none", "disable_tqdm": True,
+        "save_strategy": "steps", "save_steps": t.checkpoint_interval, "save_only_model": False,
     }
     # fmt: on
     out = {"model": str(model), "rows": rows, "prompt_ids": ids, "max_tokens": o.max_tokens}
