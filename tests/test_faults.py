@@ -200,6 +200,8 @@ def test_vllm_replica_killed_is_relaunched_with_current_weights(tiny_model, pref
     assert_every_step_once(out, 3)
     log = (out / "logs/inference/replica_0.log").read_text()
     assert log.count("Application startup complete") == 2, "the replica was relaunched once"
+    summary = json.loads((out / "summary.json").read_text())
+    assert "replica.relaunched" in [r["event"] for r in summary["recoveries"]]
     assert not psutil.pid_exists(killer.pid) or psutil.Process(killer.pid).status() == psutil.STATUS_ZOMBIE
     assert_no_process_left(out)
 

@@ -1,8 +1,8 @@
 """The rollout load balancer against completion servers on loopback with known speeds.
 
 The servers speak the slice of vLLM's /v1/completions that the sampler uses; what is under test
-is the dispatch: work follows free capacity, and a replica that stops answering loses its
-requests to the others. The real vLLM path runs in test_e2e and test_faults.
+is the dispatch: work follows free capacity, a replica that stops answering loses its requests
+to the others, and requests no replica could serve are sent again after the pool is healed. The real vLLM path runs in test_e2e and test_faults.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from rlfleet.errors import TransientError
-from rlfleet.orchestrator.sampler import sample_groups
+from rlfleet.orchestrator.sampler import sample_groups, sample_with_healing
 from tests.conftest import free_port
 
 
@@ -90,6 +90,9 @@ def test_replica_that_stops_answering_loses_its_requests(servers):
     by = Counter(r[0].replica for r in results)
     assert by[good] + by[dying] == 30
     assert by[dying] <= 3, "nothing is sent to a replica after it failed"
+    resent = [r for r in results if r[0].resent]
+    assert len(resent) >= 1 and all(r[0].replica == good and r[0].resent == 1 for r in resent)
+    assert all(r[0].resent == 0 for r in results if r[0].replica == dying)
 
 
 def test_no_replica_left_gives_transient_errors(servers):
@@ -99,3 +102,20 @@ def test_no_replica_left_gives_transient_errors(servers):
     failed = [r for r in results if isinstance(r, BaseException)]
     assert len(served) == 2 and len(failed) == 8
     assert all(isinstance(e, TransientError) and "no replica left" in str(e) for e in failed)
+
+
+def test_failed_requests_are_resent_after_healing_and_marked(servers):
+    dying = servers(0.01, fail_after=2)
+    calls: list[list[str]] = []
+
+    def healthy_urls() -> list[str]:  # the pool: the second call finds the replica relaunched
+        calls.append([dying] if not calls else [servers(0.01)])
+        return calls[-1]
+
+    groups = sample_with_healing(healthy_urls, [[1, 2, i] for i in range(6)], 2, 1, 1.0, 30.0)
+    assert len(calls) == 2 and all(len(g) == 2 for g in groups)
+    first = [g for g in groups if g[0].replica == dying]
+    again = [g for g in groups if g[0].replica == calls[1][0]]
+    assert len(first) <= 2 and len(first) + len(again) == 6
+    assert all(s.resent == 0 for g in first for s in g)
+    assert all(s.resent >= 1 for g in again for s in g)

@@ -3,8 +3,9 @@
 - Live artifacts under stable keys (`<run>-progress`, `<run>-metrics`, `<run>-reward-curve`):
   the progress bar after every step, the metrics table and the reward curve every few steps, at
   the end, and from a failing run's cleanup.
-- Recoveries as first-class events: a relaunched trainer or vLLM replica is a WARNING in the flow
-  run's log, a Prefect event (`rlfleet.trainer.relaunched`, `rlfleet.replica.relaunched`) a user
+- Recoveries as first-class events: a relaunched trainer or vLLM replica, and a rollout's samples
+  sent again after a replica failed them, are a WARNING in the flow run's log, a Prefect event
+  (`rlfleet.trainer.relaunched`, `rlfleet.replica.relaunched`, `rlfleet.rollout.resent`) a user
   can attach an automation to, and a line in `run/recoveries.json`, which the summary counts.
 """
 
@@ -34,7 +35,8 @@ _lock = threading.Lock()  # tasks run in worker threads of the flow's process
 
 
 def recovered(store: RunStore, run: str, what: str, message: str, **payload: Any) -> None:
-    """Record a recovery (`what`: trainer.relaunched, replica.relaunched) where a user sees it."""
+    """Record a recovery (`what`: trainer.relaunched, replica.relaunched, rollout.resent) where a
+    user sees it."""
     get_run_logger().warning(message)
     related = [
         {"prefect.resource.id": f"prefect.flow-run.{flow_run.id}", "prefect.resource.role": "flow-run"}

@@ -130,7 +130,8 @@ def launch_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> l
         raise
     for rep in replicas:
         rep.started = (
-            f"vLLM replica {rep.index} at {rep.url} ready in {time.monotonic() - t0:.0f} s; {kv_cache(rep)}"
+            f"vLLM replica {rep.index} at {rep.url} ready in {time.monotonic() - t0:.0f} s; {kv_cache(rep)}; "
+            f"log: {rep.process.log_path}"
         )
         log.info(rep.started)
     return replicas

@@ -114,6 +114,7 @@ def _add_turn(t: Trajectory, s: Sample, env: Environment) -> None:
         "start": start,
         "end": len(t.ids),
         "replica": s.replica,
+        "resent": s.resent,
     }
     t.turns.append(turn)
     if env.chat:

@@ -129,6 +129,8 @@ def rollout_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
         "reward_errors": sum(r["error"] is not None for r in records),
         "first_error": next((f"{r['env']}: {r['error']}" for r in records if r["error"]), None),
         "truncated": sum(r["truncated"] for r in records),
+        # samples whose request failed on a replica and was sent again: the step went on, but slower
+        "resent_samples": sum(any(t.get("resent") for t in r["turns"]) for r in records),
         "turns_mean": statistics.fmean(len(r["turns"]) for r in records),
     }
     envs = sorted({r["env"] for r in records})

@@ -27,6 +27,7 @@ class Sample:
     text: str
     finish_reason: str
     replica: str = ""  # URL of the server that sampled it
+    resent: int = 0  # times its request was sent again (another replica, or after a relaunch) first
 
 
 SLOTS_PER_REPLICA = 32
@@ -97,6 +98,7 @@ async def sample_groups(
         queue.put_nowait(i)
     alive = set(urls)
     last_error: dict[str, BaseException] = {}
+    failed_sends = [0] * len(prompts)
 
     async def slot(client: httpx.AsyncClient, url: str) -> None:
         while url in alive:
@@ -105,12 +107,15 @@ async def sample_groups(
             except asyncio.QueueEmpty:
                 return
             try:
-                results[i] = await _complete(client, url, prompts[i], n, max_tokens, temperature)
+                results[i] = samples = await _complete(client, url, prompts[i], n, max_tokens, temperature)
+                for s in samples:
+                    s.resent = failed_sends[i]
             except DeterministicError as exc:
                 results[i] = exc
             except (httpx.HTTPError, TransientError) as exc:
                 alive.discard(url)
                 last_error[url] = exc
+                failed_sends[i] += 1
                 queue.put_nowait(i)  # another replica takes it
 
     async with httpx.AsyncClient(
@@ -154,6 +159,8 @@ def sample_with_healing(
                     raise result
                 failed.append((i, result))
             else:
+                for s in result:
+                    s.resent += attempt  # each earlier attempt failed it at least once
                 groups[i] = result
         if not failed:
             return groups  # type: ignore[return-value]

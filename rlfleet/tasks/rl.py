@@ -16,7 +16,6 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
-from prefect.tasks import exponential_backoff
 from prefect.utilities.hashing import hash_objects
 
 from rlfleet.config.models import RLConfig
@@ -40,11 +39,12 @@ def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
 
 
 def policy(cfg: RLConfig, timeout_s: float | None = None) -> dict[str, Any]:
-    """Retries with exponential backoff, transient-only, and a timeout, for every task of the run;
-    results persist in the run store (`prefect/results/`) so cache hits survive the controller."""
+    """Retries after a fixed delay (one number, which the UI shows; a list of backoff delays shows
+    there as NaN), transient-only, and a timeout, for every task of the run; results persist in
+    the run store (`prefect/results/`) so cache hits survive the controller."""
     return dict(
         retries=cfg.tasks.retries,
-        retry_delay_seconds=exponential_backoff(cfg.tasks.retry_delay_s),
+        retry_delay_seconds=cfg.tasks.retry_delay_s,
         retry_condition_fn=retry_if_transient,
         timeout_seconds=timeout_s or cfg.tasks.step_timeout_s,
         persist_result=True,
@@ -129,6 +129,16 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
         )
     out["sleep_seconds"] = pool.sleep()
     report_relaunches(cfg, pool)
+    if out["resent_samples"]:
+        recovered(
+            store,
+            cfg.name,
+            "rollout.resent",
+            f"rollout {step}: {out['resent_samples']} of {out['num_samples']} samples were sent again "
+            "after a vLLM replica failed their request",
+            step=step,
+            resent_samples=out["resent_samples"],
+        )
     return out
 
 
