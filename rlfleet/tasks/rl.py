@@ -225,10 +225,12 @@ def broadcast_weights(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str,
 
 @task(name="checkpoint", task_run_name="checkpoint-{step}", cache_key_fn=step_key)
 def checkpoint(cfg: RLConfig, step: int) -> dict[str, Any] | None:
-    """Verify the trainer's checkpoint for a checkpoint step; None on other steps."""
+    """Check that the trainer's checkpoint for a checkpoint step is complete; None on other steps.
+    Sizes only: the trainer hashed the files as it wrote them, and the sha256s are checked where a
+    checkpoint is used (a resume); hashing it again here cost 3.5 s at 0.5B, 25 s at 1.5B."""
     if not is_checkpoint_step(step, cfg.trainer.checkpoint_interval, cfg.max_steps):
         return None
-    manifest = _store(cfg).manifest(step_dir("checkpoints", step), verify=True)
+    manifest = _store(cfg).manifest(step_dir("checkpoints", step))
     if manifest is None:
         raise RuntimeError(f"checkpoints/step_{step} is missing after train step {step}")
     return {
