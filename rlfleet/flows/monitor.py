@@ -63,6 +63,7 @@ class LiveArtifacts:
         self.store, self.name, self.max_steps = store, name, max_steps
         self.rows: dict[int, dict[str, Any]] = {}  # a finished step's row, read from the store once
         self.every = max(1, max_steps // 50)
+        self.published: int | None = None  # the last step the table and curve show
         self.progress = create_progress_artifact(
             100.0 * start / max_steps, key=artifact_key(name, "progress"), description=self._said(start)
         )
@@ -83,9 +84,11 @@ class LiveArtifacts:
         return self.rows[rec["step"]]
 
     def publish(self, steps: list[dict[str, Any]]) -> None:
-        """The metrics table and the reward curve of the steps so far (a new version of each key)."""
-        if not steps:
+        """The metrics table and the reward curve of the steps so far (a new version of each key,
+        unless the last one already shows them: the run's end follows its last step's publish)."""
+        if not steps or steps[-1]["step"] == self.published:
             return
+        self.published = steps[-1]["step"]
         create_table_artifact(
             key=artifact_key(self.name, "metrics"),
             table=[self._row(rec) for rec in steps],
