@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from rlfleet.batches import load_micro_batches
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import is_transient
-from rlfleet.orchestrator.batch import load_micro_batches
 from rlfleet.store import RunStore, step_dir
 from rlfleet.trainer.checkpoint import (
     checkpoint_model_path,
