@@ -13,7 +13,7 @@ from typing import Any
 from rlfleet.batches import micro_batches, write_micro_batches
 from rlfleet.errors import DeterministicError
 from rlfleet.orchestrator.advantages import grpo_advantages
-from rlfleet.orchestrator.rollout import read_rollout, staleness
+from rlfleet.orchestrator.rollout import read_rollout, staleness, usable
 from rlfleet.store import RunStore, step_dir
 
 
@@ -49,7 +49,9 @@ def build_batches(
     """
     records = with_advantages(read_rollout(store, step))
     stale = [staleness(step, r["policy_step"]) for r in records]
-    if max_async_level is not None and not all(0 <= s <= max_async_level for s in stale):
+    if max_async_level is not None and not all(
+        usable(step, r["policy_step"], max_async_level) for r in records
+    ):
         raise DeterministicError(
             f"rollouts/step_{step}: staleness {min(stale)}..{max(stale)} outside 0..{max_async_level}"
         )

@@ -105,7 +105,9 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
             pool.sleep()  # inference.sleep: the trainer gets the GPU until the next broadcast
             return brief(existing)
         store.remove(step_dir("batches", step))
-    if not usable(step, pool.policy_step, k):  # the flow schedules rollouts so this cannot happen
+    # The flow submits a rollout only on usable weights; a task run outside that schedule (a
+    # direct call, a bug) must not publish samples that aggregate would refuse.
+    if not usable(step, pool.policy_step, k):
         raise DeterministicError(f"rollout {step} on weights {pool.policy_step}: off-policy beyond k={k}")
     out = brief(
         run_rollout(
