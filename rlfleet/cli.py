@@ -106,7 +106,7 @@ def _bench_args(argv: Sequence[str]) -> list[str]:
 
 
 def _train_gpus(deployment) -> list[str]:
-    from rlfleet.workers.placement import assign_gpus
+    from rlfleet.config.placement import assign_gpus
 
     return assign_gpus(deployment)[1]
 

@@ -8,11 +8,11 @@ import os
 from rlfleet.config.checks import check_model, check_output_dir, check_ports, raise_if
 from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.models import RLConfig
+from rlfleet.config.placement import assign_gpus
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.procs import pid_alive, write_pidfile
 from rlfleet.store import RunStore, step_dir
 from rlfleet.trainer.checkpoint import latest_checkpoint
-from rlfleet.workers.placement import assign_gpus
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rlfleet.config.envs import env_name
 from rlfleet.config.models import RLConfig
+from rlfleet.config.placement import gpu_defaults, split_cpus
 from rlfleet.flows.artifacts import publish_summary
 from rlfleet.flows.monitor import LiveArtifacts, recoveries
 from rlfleet.inference.pool import shutdown_pool
@@ -56,7 +57,6 @@ from rlfleet.tasks.rl import (
 from rlfleet.tasks.storage import load_credentials_block
 from rlfleet.trainer.launch import stop_trainer
 from rlfleet.workers.leases import gpu_lease
-from rlfleet.workers.placement import gpu_defaults, split_cpus
 
 
 def _progress() -> Progress:

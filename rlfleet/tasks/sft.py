@@ -15,10 +15,10 @@ from prefect.cache_policies import NO_CACHE
 
 from rlfleet.config.loader import to_toml
 from rlfleet.config.models import SFTConfig
+from rlfleet.config.placement import assign_gpus
 from rlfleet.store import RunStore
 from rlfleet.trainer.launch import run_torchrun
 from rlfleet.trainer.sft import run_sft
-from rlfleet.workers.placement import assign_gpus
 
 
 @task(name="sft_train", task_run_name="sft_train", cache_policy=NO_CACHE)
