@@ -1,8 +1,8 @@
 """Trainer micro-batches: the one format the orchestrator writes and the trainer reads.
 
 records -> micro-batches -> files. A record is a trajectory's token fields (`input_ids`,
-`loss_mask`, `logprobs`) plus its GRPO `advantage`. `batches/step_N/rank_R/micro_K.safetensors`
-holds tensors aligned to token positions:
+`loss_mask`, `logprobs`) plus its GRPO `advantage`. `batches/step_N/micro_K.safetensors` holds
+tensors aligned to token positions:
   input_ids [B, L]      the trajectory (prompt, model turns, tool/env turns), right-padded with pad_id
   loss_mask [B, L]      1 where the token at that position was sampled by the model, 0 elsewhere
   old_logprobs [B, L]   the sampler's logprob of that token (0 elsewhere)
@@ -135,22 +135,22 @@ def micro_batches(
     ]
 
 
-def write_micro_batches(stage: Path, rank: int, micro: list[dict[str, torch.Tensor]]) -> None:
-    """Rank R's micro-batches as files under a batch's staging directory."""
-    (stage / f"rank_{rank}").mkdir()
+def write_micro_batches(stage: Path, micro: list[dict[str, torch.Tensor]]) -> None:
+    """A step's micro-batches as files in its batch's staging directory.
+
+    Every trainer rank reads all of them and trains its share (trainer/train.py).
+    """
     for k, tensors in enumerate(micro):
-        save_file(tensors, str(stage / f"rank_{rank}" / f"micro_{k}.safetensors"))
+        save_file(tensors, str(stage / f"micro_{k}.safetensors"))
 
 
-def load_micro_batches(
-    store: RunStore, step: int, rank: int = 0
-) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
-    """The published `batches/step_N` (verified): its manifest and rank R's micro-batches."""
+def load_micro_batches(store: RunStore, step: int) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
+    """The published `batches/step_N` (verified): its manifest and its micro-batches."""
     rel = step_dir("batches", step)
     manifest = store.manifest(rel, verify=True)
     if manifest is None:
         raise FileNotFoundError(f"{rel} is not published")
     micro = []
-    for k in range(manifest["micro_batches"][rank]):
-        micro.append(load(store.read_bytes(f"{rel}/rank_{rank}/micro_{k}.safetensors")))
+    for k in range(manifest["micro_batches"]):
+        micro.append(load(store.read_bytes(f"{rel}/micro_{k}.safetensors")))
     return manifest, micro

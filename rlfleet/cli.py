@@ -1,4 +1,4 @@
-"""`rlfleet rl|sft|eval|inference|trainer|model|runs|deploy` — every component runs alone, as in prime-rl.
+"""`rlfleet rl|sft|eval|inference|trainer|model|runs|deploy`; the trainer and vLLM replicas also run alone.
 
 rlfleet rl @ examples/tiny/rl.toml --orchestrator.batch-size 32
 rlfleet rl @ examples/tiny/rl.toml @ examples/slurm/multi_node.toml [--dry-run]   # a SLURM job (sbatch)

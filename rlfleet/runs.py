@@ -18,13 +18,13 @@ log = logging.getLogger(__name__)
 
 
 def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> dict[str, str]:
-    """Write rl.toml and the trainer / orchestrator / inference sub-configs to `<output_dir>/configs/`.
+    """Write rl.toml and the trainer / inference sub-configs to `<output_dir>/configs/`.
 
     A remote store also gets a local copy (`<local_dir>/configs/`) that child processes read.
     On multi_node the trainer and inference configs are the nodes' (rlfleet/slurm/submit.py): kept.
     """
     store = RunStore(cfg.output_dir)
-    jobs = {"rl": cfg, "orchestrator": cfg.orchestrator_job()}
+    jobs = {"rl": cfg}
     if cfg.deployment.type == "single_node":
         jobs["trainer"] = cfg.trainer_job(trainer_gpus)
         jobs["inference"] = cfg.inference_job(inference_gpus)

@@ -14,8 +14,9 @@ from rlfleet.cli import main
 from rlfleet.config.loader import load, validate
 from rlfleet.config.models import SFTConfig
 from rlfleet.store import RunStore
-from rlfleet.trainer.sft import dataset_nll, run_sft
+from rlfleet.trainer.sft import run_sft
 from rlfleet.trainer.sft_data import DataError, encode, encode_chat, load_dataset, step_rows
+from tests.helpers import dataset_nll
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny"

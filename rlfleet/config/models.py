@@ -1,7 +1,8 @@
 """Pydantic models for every rlfleet config.
 
-One RL config (`RLConfig`) resolves into three job configs (trainer, orchestrator, inference) that
-each engine component also accepts on its own from the CLI. Every model forbids unknown keys so a
+One RL config (`RLConfig`) resolves into the job configs of its processes (`TrainerJobConfig`,
+`InferenceJobConfig`), which `rlfleet trainer` and `rlfleet inference` also accept on their own;
+the orchestrator runs inside the `rl` flow. Every model forbids unknown keys so a
 typo fails before anything starts, with the field's dotted path in the message.
 """
 
@@ -261,10 +262,6 @@ class EvalJobConfig(Strict):
     inference: InferenceConfig = Field(default_factory=lambda: InferenceConfig(port=8300))
 
 
-class OrchestratorJobConfig(_RunBase):
-    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
-
-
 class RLConfig(_RunBase):
     run_name: str | None = None
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
@@ -327,9 +324,6 @@ class RLConfig(_RunBase):
             inference=self.inference,
             gpu_ids=gpu_ids or [],
         )
-
-    def orchestrator_job(self) -> OrchestratorJobConfig:
-        return OrchestratorJobConfig(**self._base(), orchestrator=self.orchestrator)
 
     def inference_job(self, gpu_ids: list[str] | None = None) -> InferenceJobConfig:
         return InferenceJobConfig(

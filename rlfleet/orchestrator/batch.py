@@ -35,15 +35,14 @@ def build_batches(
     step: int,
     micro_batch_size: int,
     pad_id: int,
-    world_size: int = 1,
     cursor: dict[str, Any] | None = None,
     temperature: float = 1.0,
     seq_len: int = 0,
     max_async_level: int | None = None,
 ) -> dict[str, Any]:
-    """Publish `batches/step_N` from `rollouts/step_N`; sequences are dealt round-robin to ranks.
+    """Publish `batches/step_N` from `rollouts/step_N`: the step's micro-batches (rlfleet/batches.py).
 
-    seq_len > 0 packs each rank's sequences into rows of that many tokens. Every record carries
+    seq_len > 0 packs the sequences into rows of that many tokens. Every record carries
     the weight version that sampled it; the batch records the step's staleness range and refuses
     (a bug upstream, never retried) samples older than `max_async_level`.
     """
@@ -56,16 +55,11 @@ def build_batches(
             f"rollouts/step_{step}: staleness {min(stale)}..{max(stale)} outside 0..{max_async_level}"
         )
     stage = store.staging_dir(step_dir("batches", step))
-    per_rank = [records[r::world_size] for r in range(world_size)]
-    micro_counts = []
-    for rank, rank_records in enumerate(per_rank):
-        micro = micro_batches(rank_records, pad_id, micro_batch_size, seq_len)
-        write_micro_batches(stage, rank, micro)
-        micro_counts.append(len(micro))
+    micro = micro_batches(records, pad_id, micro_batch_size, seq_len)
+    write_micro_batches(stage, micro)
     meta = {
         "step": step,
-        "world_size": world_size,
-        "micro_batches": micro_counts,
+        "micro_batches": len(micro),
         "num_sequences": len(records),
         "num_loss_tokens": sum(sum(r["loss_mask"]) for r in records),
         "reward_mean": statistics.fmean(r["reward"] for r in records),

@@ -2,7 +2,7 @@
 
 What the job runs reads the configs written here, without their `[slurm]` block (so nothing inside
 the job submits again). Everything is written atomically under `<output_dir>`:
-  configs/<name>.toml   the resolved configs (rl + trainer/orchestrator/inference, sft, inference)
+  configs/<name>.toml   the resolved configs (rl + trainer/inference, sft, inference)
   slurm/<command>.sbatch the rendered script;  slurm/job.json  the submitted job's id
   logs/slurm/            created here: sbatch does not create the directory of --output
 """
@@ -69,7 +69,6 @@ def resolve(command: str, cfg: AnyJob) -> dict[str, BaseModel]:
     return {
         "rl": rl,
         "trainer": rl.trainer_job(_gpu_ids(d.gpus_per_node) if multi else None),
-        "orchestrator": rl.orchestrator_job(),
         "inference": inference,
     }
 

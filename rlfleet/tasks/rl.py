@@ -4,8 +4,10 @@ Every task is idempotent at the store level: if its artifact for (run, step) is 
 published it returns that manifest instead of redoing the work, so Prefect retries and reruns
 resume at the first unfinished piece. Within one flow run the Prefect cache mirrors the store
 (`step_key`), so a flow run retried from the UI shows finished tasks as `Cached` and re-executes
-only the failed and later ones. Tasks that act on processes (launching the pool, broadcasting
-weights) are never cached: the processes die with the controller.
+only the failed and later ones. Tasks that act on processes (launching the pool, starting the
+trainer, broadcasting weights) are never cached: the processes die with the controller. `train`
+(re)starts the trainer too, so the flow always refreshes its cache entry (`refresh_cache=True`):
+it runs every time, and the trainer's `metrics/step_N.json` says whether step N is done.
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
 
 
 @task(name="aggregate", task_run_name="aggregate-{step}", cache_key_fn=step_key)
-def aggregate(cfg: RLConfig, step: int, num_ranks: int = 1) -> dict[str, Any]:
+def aggregate(cfg: RLConfig, step: int) -> dict[str, Any]:
     store = _store(cfg)
     if (existing := store.manifest(step_dir("batches", step))) is not None:
         return brief(existing)
@@ -146,7 +148,6 @@ def aggregate(cfg: RLConfig, step: int, num_ranks: int = 1) -> dict[str, Any]:
             step,
             cfg.orchestrator.micro_batch_size,
             pad_id,
-            num_ranks,
             cursor={"next_step": step + 1, "seed": cfg.seed},
             temperature=cfg.orchestrator.temperature,
             seq_len=cfg.orchestrator.seq_len,

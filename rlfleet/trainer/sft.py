@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import AutoTokenizer
 
 from rlfleet.config.checks import check_model, check_output_dir, raise_if
 from rlfleet.config.models import SFTConfig
@@ -33,19 +33,15 @@ from rlfleet.trainer.checkpoint import (
     publish_weights,
     save_checkpoint,
 )
-from rlfleet.trainer.loss import sft_loss, token_logprobs
+from rlfleet.trainer.loss import sft_loss
 from rlfleet.trainer.parallel import Parallel, teardown
 from rlfleet.trainer.sft_data import (
-    Example,
     check_data,
-    encode,
     load_dataset,
-    micro_batches,
     num_targets,
-    pad_id,
     step_batches,
 )
-from rlfleet.trainer.train import Policy, accumulate, load_model, optimizer_step
+from rlfleet.trainer.train import Policy, accumulate, optimizer_step
 from rlfleet.trainer.worker import build, is_checkpoint_step
 
 log = logging.getLogger("rlfleet.sft")
@@ -88,34 +84,6 @@ def sft_step(
         "tokens": int(sum(mb["input_ids"].numel() for mb in batches)),
         "train_seconds": time.perf_counter() - start,
     }
-
-
-@torch.no_grad()
-def evaluate_nll(
-    model: PreTrainedModel, examples: list[Example], pad: int, micro_batch_size: int = 32
-) -> float:
-    """Token-mean NLL of `model` on `examples` over their loss tokens (no update)."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    batches = micro_batches(examples, micro_batch_size, pad)
-    n = num_targets(batches)
-    total = 0.0
-    for mb in batches:
-        ids = mb["input_ids"].to(device)
-        logits = model(input_ids=ids).logits[:, :-1]
-        total += float(sft_loss(token_logprobs(logits, ids[:, 1:]), mb["loss_mask"][:, 1:].to(device), n))
-    model.train(was_training)
-    return total
-
-
-def dataset_nll(model_path: str, cfg: SFTConfig, device: str = "cpu") -> float:
-    """NLL of the model at `model_path` on the whole configured dataset (for before/after checks)."""
-    tok = AutoTokenizer.from_pretrained(model_path)
-    ds = load_dataset(cfg.data)
-    examples = [encode(tok, row, ds.format, cfg.data.max_seq_len) for row in ds.rows]
-    model = load_model(model_path, cfg.model.dtype, torch.device(device))
-    return evaluate_nll(model, examples, pad_id(tok), cfg.data.micro_batch_size)
 
 
 def _progress(enabled: bool) -> Progress | nullcontext:

@@ -2,7 +2,7 @@
 
 The vocabulary is one token per printable ASCII character plus specials, padded to the model's
 vocab size so every id vLLM can sample decodes to something. head_dim is 64 because vLLM's CPU
-attention rejects 16 (DESIGN.md).
+attention rejects 16.
 """
 
 from __future__ import annotations
