@@ -53,7 +53,7 @@ def _submit(command: str, cfg) -> int:
 
 def _rl(argv: Sequence[str]) -> int:
     from rlfleet.config.models import RLConfig
-    from rlfleet.runs import preflight
+    from rlfleet.runs.configs import preflight
 
     cfg = load(RLConfig, _dry_run(argv))
     if cfg.slurm is not None:
@@ -180,7 +180,7 @@ def _runs(argv: Sequence[str]) -> int:
     parser.add_argument("action", choices=["status"])
     parser.add_argument("output_dir")
     args = parser.parse_args(argv)
-    from rlfleet.runs import status
+    from rlfleet.runs.status import status
 
     print(json.dumps(status(args.output_dir), indent=2))
     return 0

@@ -12,7 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from rlfleet.config.loader import ConfigError
 from rlfleet.errors import DeterministicError, TransientError, is_transient
-from rlfleet.runs import acquire_run_lock, release_run_lock, resume_step, spans, status
+from rlfleet.runs.lock import acquire_run_lock, release_run_lock
+from rlfleet.runs.resume import resume_step
+from rlfleet.runs.status import spans, status
 from rlfleet.store import RunStore
 from rlfleet.trainer.checkpoint import latest_checkpoint, publish_weights, save_checkpoint
 from rlfleet.trainer.worker import read_trainer_error, record_trainer_error

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlfleet.config.checks import check_output_dir
-from rlfleet.runs import resume_step
+from rlfleet.runs.resume import resume_step
 from rlfleet.store import CorruptArtifact, RunStore, cache_root, stage, step_dir
 from rlfleet.trainer.checkpoint import (
     latest_checkpoint,

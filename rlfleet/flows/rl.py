@@ -32,17 +32,12 @@ from rlfleet.flows.monitor import LiveArtifacts, recoveries
 from rlfleet.inference.pool import shutdown_pool
 from rlfleet.orchestrator.rollout import usable
 from rlfleet.report import WandbSink, wandb_metrics, write_report
-from rlfleet.runs import (
-    acquire_run_lock,
-    discard_stale,
-    preflight,
-    release_run_lock,
-    resume_step,
-    step_records,
-    sync_logs,
-    write_configs,
-)
-from rlfleet.store import RunStore
+from rlfleet.runs.configs import preflight, write_configs
+from rlfleet.runs.lock import acquire_run_lock, release_run_lock
+from rlfleet.runs.logs import sync_logs
+from rlfleet.runs.resume import discard_stale, resume_step
+from rlfleet.runs.status import step_records
+from rlfleet.store import run_store
 from rlfleet.tasks.eval import evaluate_policy
 from rlfleet.tasks.rl import (
     aggregate,
@@ -102,7 +97,7 @@ def tag_run(cfg: RLConfig) -> None:
 def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -> dict[str, Any]:
     log = get_run_logger()
     paths = write_configs(cfg, inf_gpus, train_gpus)
-    store = RunStore(cfg.output_dir)
+    store = run_store(cfg.output_dir)
     acquire_run_lock(store)
     start = resume_step(store)
     if start:

@@ -22,7 +22,7 @@ from rlfleet.config.models import InferenceJobConfig, RLConfig, SFTConfig
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.slurm.commands import sbatch
 from rlfleet.slurm.render import render, replicas_per_node, template_variables
-from rlfleet.store import RunStore
+from rlfleet.store import run_store
 
 AnyJob = RLConfig | SFTConfig | InferenceJobConfig
 
@@ -99,7 +99,7 @@ def submit(command: str, cfg: AnyJob, env: dict[str, str] | None = None) -> dict
         env,
     )
     script = render(slurm.template_path, variables)  # a template error fails before anything is written
-    store = RunStore(str(out))
+    store = run_store(str(out))
     for name, job in jobs.items():
         store.write_text(f"configs/{name}.toml", to_toml(job))
     store.write_text(f"slurm/{command}.sbatch", script)

@@ -27,7 +27,7 @@ from rlfleet.flows.monitor import recovered
 from rlfleet.inference.pool import InferencePool, get_pool
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout, usable
-from rlfleet.store import RunStore, step_dir
+from rlfleet.store import RunStore, run_store, step_dir
 from rlfleet.tasks.storage import result_storage
 from rlfleet.trainer.checkpoint import latest_checkpoint
 from rlfleet.trainer.launch import TrainerProcess, get_trainer
@@ -66,7 +66,7 @@ def brief(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def _store(cfg: RLConfig) -> RunStore:
-    return RunStore(cfg.output_dir)
+    return run_store(cfg.output_dir)
 
 
 def report_relaunches(cfg: RLConfig, pool: InferencePool) -> None:

@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 from rlfleet.config.checks import check_model, check_output_dir, raise_if
 from rlfleet.config.models import SFTConfig
 from rlfleet.report import curve_png
-from rlfleet.store import RunStore, step_dir
+from rlfleet.store import RunStore, run_store, step_dir
 from rlfleet.trainer.checkpoint import (
     checkpoint_model_path,
     latest_checkpoint,
@@ -117,7 +117,7 @@ def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     """
     t0 = time.perf_counter()
     tc = cfg.trainer
-    store = RunStore(cfg.output_dir)
+    store = run_store(cfg.output_dir)
     ckpt = latest_checkpoint(store)
     start = 0 if ckpt is None else ckpt["step"] + 1
     if start >= cfg.max_steps:

@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from rlfleet.batches import load_micro_batches
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import is_transient
-from rlfleet.store import RunStore, step_dir
+from rlfleet.store import RunStore, run_store, step_dir
 from rlfleet.trainer.checkpoint import (
     checkpoint_model_path,
     latest_checkpoint,
@@ -108,7 +108,7 @@ def build(
 
 
 def run_trainer(cfg: TrainerJobConfig) -> None:
-    store = RunStore(cfg.output_dir)
+    store = run_store(cfg.output_dir)
     ckpt = latest_checkpoint(store)
     start = 0 if ckpt is None else ckpt["step"] + 1
     par, model, optimizer = build(
