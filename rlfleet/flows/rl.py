@@ -44,7 +44,7 @@ from rlfleet.tasks.rl import (
     broadcast_weights,
     checkpoint,
     launch_inference_pool,
-    policy,
+    retry_options,
     rollout,
     start_trainer,
     train,
@@ -119,9 +119,9 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
         served, after = start - 1, []  # the weight version the pool holds; what rollouts wait for
         if start < cfg.max_steps:
             # the trainer loads its model while vLLM starts: both are ready when step `start` begins
-            warm = start_trainer.with_options(**policy(cfg)).submit(quote(cfg), train_gpus)
+            warm = start_trainer.with_options(**retry_options(cfg)).submit(quote(cfg), train_gpus)
             launched = launch_inference_pool.with_options(
-                **policy(cfg, cfg.inference.startup_timeout_s + 60)
+                **retry_options(cfg, cfg.inference.startup_timeout_s + 60)
             )(quote(cfg), inf_gpus, start - 1, return_state=True)
             served, after = launched.result()["step"], [edge(launched)]
             warm.result()
@@ -195,7 +195,7 @@ def _step(
     broadcast and checkpoint <- train."""
     s0 = time.perf_counter()
     c = quote(cfg)
-    opts = policy(cfg)
+    opts = retry_options(cfg)
     # A resume discarded rollouts and batches after `start` and everything the trainer wrote from
     # `start` on: those must not come back from a retried run's cache.
     kept = dict(opts, refresh_cache=step > start)

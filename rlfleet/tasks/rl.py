@@ -31,7 +31,7 @@ from rlfleet.store import RunStore, run_store, step_dir
 from rlfleet.tasks.storage import result_storage
 from rlfleet.trainer.checkpoint import latest_checkpoint
 from rlfleet.trainer.launch import TrainerProcess, get_trainer
-from rlfleet.trainer.worker import is_checkpoint_step
+from rlfleet.trainer.loop import is_checkpoint_step
 from rlfleet.weights.tickets import ticket
 
 
@@ -41,7 +41,7 @@ def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
     return not isinstance(exc, BaseException) or is_transient(exc)
 
 
-def policy(cfg: RLConfig, timeout_s: float | None = None) -> dict[str, Any]:
+def retry_options(cfg: RLConfig, timeout_s: float | None = None) -> dict[str, Any]:
     """Retries with exponential backoff, transient-only, and a timeout, for every task of the run;
     results persist in the run store (`prefect/results/`) so cache hits survive the controller."""
     return dict(

@@ -33,6 +33,7 @@ from rlfleet.trainer.checkpoint import (
     publish_weights,
     save_checkpoint,
 )
+from rlfleet.trainer.loop import build, is_checkpoint_step
 from rlfleet.trainer.loss import sft_loss
 from rlfleet.trainer.parallel import Parallel, teardown
 from rlfleet.trainer.sft_data import (
@@ -42,7 +43,6 @@ from rlfleet.trainer.sft_data import (
     step_batches,
 )
 from rlfleet.trainer.train import Policy, accumulate, optimizer_step
-from rlfleet.trainer.worker import build, is_checkpoint_step
 
 log = logging.getLogger("rlfleet.sft")
 
