@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 
 from rlfleet.config.loader import ConfigError, load
+from rlfleet.procs import log_to_rank_file
 
 USAGE = __doc__
 
@@ -238,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    log_to_rank_file()  # a torchrun rank (trainer, sft): its own logs/<name>/rank_R.log
     # The ephemeral Prefect server otherwise logs an error per run trying to reach its telemetry host.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:

@@ -186,7 +186,10 @@ def test_two_ranks_via_the_flow_match_one_process_and_resume_on_one(
     two = [*args, "--max-steps", "4", "--deployment.num-train-gpus", "2", "--trainer.fsdp", "on"]
     argv = ["sft", "@", str(EXAMPLE / "sft.toml"), "--model.path", str(tiny_model), "--output-dir", str(out)]
     assert main([*argv, "--data.path", str(EXAMPLE / "sft_repeat.jsonl"), *two]) == 0
-    assert "sft rank 1/2" in (out / "logs" / "sft" / "rank_0.log").read_text()
+    logs = out / "logs" / "sft"
+    assert "sft rank 0/2" in (logs / "rank_0.log").read_text()  # one log file per rank
+    assert "sft rank 1/2" in (logs / "rank_1.log").read_text()
+    assert "sft rank 1/2" not in (logs / "rank_0.log").read_text()
     assert len(list((out / "checkpoints" / "step_3" / "dcp").glob("*.distcp"))) == 2  # one shard per rank
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
 
