@@ -21,8 +21,6 @@ from prefect.futures import PrefectFuture, wait
 from prefect.runtime import flow_run
 from prefect.states import Completed, State
 from prefect.utilities.annotations import quote
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlfleet.config.envs import env_name
 from rlfleet.config.models import RLConfig
@@ -31,7 +29,7 @@ from rlfleet.flows.artifacts import publish_summary
 from rlfleet.flows.monitor import LiveArtifacts, recoveries
 from rlfleet.inference.pool import shutdown_pool
 from rlfleet.orchestrator.rollout import usable
-from rlfleet.report import WandbSink, wandb_metrics, write_report
+from rlfleet.report import WandbSink, step_progress, wandb_metrics, write_report
 from rlfleet.runs.configs import preflight, write_configs
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
 from rlfleet.runs.logs import sync_logs
@@ -52,18 +50,6 @@ from rlfleet.tasks.rl import (
 from rlfleet.tasks.storage import load_credentials_block
 from rlfleet.trainer.launch import stop_trainer
 from rlfleet.workers.leases import gpu_lease
-
-
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("[bold]rl[/] step"),
-        MofNCompleteColumn(),
-        BarColumn(),
-        TextColumn("reward {task.fields[reward]}"),
-        TextColumn("{task.fields[secs]}"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-    )
 
 
 @flow(name="rl", flow_run_name="{config.name}", log_prints=True)
@@ -125,7 +111,7 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
             )(quote(cfg), inf_gpus, start - 1, return_state=True)
             served, after = launched.result()["step"], [edge(launched)]
             warm.result()
-        with _progress() as bar:
+        with step_progress("rl", "reward {task.fields[reward]}", "{task.fields[secs]}") as bar:
             job = bar.add_task("rl", total=cfg.max_steps, completed=start, reward="-", secs="")
             for step in range(start, cfg.max_steps):
                 record, metrics, served, after = _step(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rlfleet.config.checks import check_model, check_output_dir, check_ports, raise_if
+from rlfleet.config.deployment import slurm_missing
 from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.models import RLConfig
 from rlfleet.config.placement import assign_gpus
@@ -38,11 +39,9 @@ def preflight(cfg: RLConfig) -> tuple[list[str], list[str]]:
     problems += check_envs(cfg.orchestrator.env, "orchestrator.env")
     if cfg.eval.interval:
         problems += check_envs(cfg.eval.env, "eval.env")
-    if cfg.deployment.type == "multi_node" and not cfg.inference.urls:
-        problems.append(
-            "deployment.type: multi_node runs as a SLURM job; add a [slurm] block "
-            "(inside the job the sbatch script passes the inference nodes' --inference.urls)"
-        )
+    # The flow never submits: a multi_node controller is the one inside the job, given its urls.
+    if problem := slurm_missing(cfg.deployment, None, cfg.inference.urls):
+        problems.append(problem)
     try:
         gpus = assign_gpus(cfg.deployment)
     except ConfigError as e:

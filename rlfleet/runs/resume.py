@@ -13,7 +13,8 @@ def resume_step(store: RunStore) -> int:
 
 
 def discard_stale(store: RunStore, start: int) -> list[str]:
-    """Remove work a previous life did past its last checkpoint that a resumed run cannot reuse.
+    """Remove work a previous life did past its last checkpoint that a resumed run cannot reuse
+    (an RL or an SFT run: SFT has weights and metrics only).
 
     Weights and metrics for steps >= start are redone by the resumed trainer. Rollouts and batches
     for `start` were sampled from the checkpointed weights and stay; later ones came from weights
