@@ -92,7 +92,7 @@ def run_rl(cfg: RLConfig) -> tuple[list[dict[str, Any]], float]:
     """Flow `rl` in this process (Prefect's API from PREFECT_API_URL, else a temporary local
     server); returns the per-step records and the flow's wall time."""
     from rlfleet.flows.rl import rl
-    from rlfleet.runs import step_records
+    from rlfleet.runs.status import step_records
     from rlfleet.store import RunStore
 
     t0 = time.perf_counter()

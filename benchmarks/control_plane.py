@@ -27,7 +27,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from rlfleet.config.models import RLConfig
-from rlfleet.tasks.rl import policy, step_key
+from rlfleet.tasks.rl import retry_options, step_key
 
 
 @task(name="noop", cache_key_fn=step_key)
@@ -37,7 +37,7 @@ def noop(cfg: RLConfig, step: int) -> dict[str, Any]:
 
 @flow(name="noop-tasks")
 def noop_flow(cfg: RLConfig, n: int, persisted: bool) -> list[float]:
-    opts = dict(policy(cfg), refresh_cache=True) if persisted else {"cache_policy": NO_CACHE}
+    opts = dict(retry_options(cfg), refresh_cache=True) if persisted else {"cache_policy": NO_CACHE}
     out = []
     for step in range(n):
         t0 = time.perf_counter()

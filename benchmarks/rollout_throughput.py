@@ -25,8 +25,8 @@ import aiohttp
 from common import median, rl_config, table, tiny_model, write
 from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
 
+from rlfleet.chat import prompt_ids
 from rlfleet.inference.pool import InferencePool
-from rlfleet.orchestrator.chat import prompt_ids
 from rlfleet.orchestrator.envs import load_envs
 from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout
 from rlfleet.orchestrator.sampler import sample_groups

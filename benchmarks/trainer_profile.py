@@ -17,8 +17,8 @@ from torch.profiler import ProfilerActivity, profile
 from rlfleet.config.loader import load
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.trainer.bench import fake_micro_batches
+from rlfleet.trainer.loop import build
 from rlfleet.trainer.train import train_step
-from rlfleet.trainer.worker import build
 
 
 def main() -> None:

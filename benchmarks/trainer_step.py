@@ -26,8 +26,8 @@ from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import publish_rollout, single_turn
 from rlfleet.store import RunStore
+from rlfleet.trainer.loop import run_trainer
 from rlfleet.trainer.tiny import build_tokenizer, tiny_config
-from rlfleet.trainer.worker import run_trainer
 
 SIZES = {  # (hidden, layers, heads)
     "tiny": (128, 2, 2),

@@ -84,7 +84,7 @@ def summary(
 
 
 def run_rlfleet(argv: list[str], out: Path, log: Path) -> dict[str, Any]:
-    from rlfleet.runs import step_records
+    from rlfleet.runs.status import step_records
     from rlfleet.store import RunStore
 
     exe = Path(sys.executable).parent / "rlfleet"  # else the module, from an uninstalled checkout
@@ -195,7 +195,7 @@ def trl_spec(cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool) -> d
     """rlfleet's prompts (text and token ids) and the GRPOConfig kwargs that mirror its config."""
     from transformers import AutoTokenizer
 
-    from rlfleet.orchestrator.chat import prompt_ids
+    from rlfleet.chat import prompt_ids
     from rlfleet.orchestrator.envs import load_envs
 
     o, t, cuda = cfg.orchestrator, cfg.trainer, device == "cuda"
@@ -214,7 +214,7 @@ def trl_spec(cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool) -> d
     vllm = {
         "vllm_mode": "colocate",
         "vllm_max_model_length": cfg.inference.max_model_len,
-        # rlfleet's share of a GPU vLLM shares with the trainer (unset: 0.45, workers/placement.py)
+        # rlfleet's share of a GPU vLLM shares with the trainer (unset: 0.45, config/placement.py)
         "vllm_gpu_memory_utilization": cfg.inference.gpu_memory_utilization or 0.45,
         # TRL's sampler/trainer correction in the role of rlfleet's ratio masking, the same bounds
         "vllm_importance_sampling_mode": "token_mask",

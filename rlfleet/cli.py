@@ -1,4 +1,4 @@
-"""`rlfleet rl|sft|eval|inference|trainer|model|runs|deploy` — every component runs alone, as in prime-rl.
+"""`rlfleet rl|sft|eval|inference|trainer|model|runs|deploy`; the trainer and vLLM replicas also run alone.
 
 rlfleet rl @ examples/tiny/rl.toml --orchestrator.batch-size 32
 rlfleet rl @ examples/tiny/rl.toml @ examples/slurm/multi_node.toml [--dry-run]   # a SLURM job (sbatch)
@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 
 from rlfleet.config.loader import ConfigError, load
+from rlfleet.procs import log_to_rank_file
 
 USAGE = __doc__
 
@@ -53,7 +54,7 @@ def _submit(command: str, cfg) -> int:
 
 def _rl(argv: Sequence[str]) -> int:
     from rlfleet.config.models import RLConfig
-    from rlfleet.runs import preflight
+    from rlfleet.runs.configs import preflight
 
     cfg = load(RLConfig, _dry_run(argv))
     if cfg.slurm is not None:
@@ -106,7 +107,7 @@ def _bench_args(argv: Sequence[str]) -> list[str]:
 
 
 def _train_gpus(deployment) -> list[str]:
-    from rlfleet.workers.placement import assign_gpus
+    from rlfleet.config.placement import assign_gpus
 
     return assign_gpus(deployment)[1]
 
@@ -157,7 +158,7 @@ def _trainer(argv: Sequence[str]) -> int:
 
         run_bench(cfg)
         return 0
-    from rlfleet.trainer.worker import run_trainer
+    from rlfleet.trainer.loop import run_trainer
 
     run_trainer(cfg)
     return 0
@@ -180,7 +181,7 @@ def _runs(argv: Sequence[str]) -> int:
     parser.add_argument("action", choices=["status"])
     parser.add_argument("output_dir")
     args = parser.parse_args(argv)
-    from rlfleet.runs import status
+    from rlfleet.runs.status import status
 
     print(json.dumps(status(args.output_dir), indent=2))
     return 0
@@ -238,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    log_to_rank_file()  # a torchrun rank (trainer, sft): its own logs/<name>/rank_R.log
     # The ephemeral Prefect server otherwise logs an error per run trying to reach its telemetry host.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:

@@ -147,3 +147,22 @@ def python_module_cmd(module: str, args: Sequence[str]) -> list[str]:
     import sys
 
     return [sys.executable, "-m", module, *args]
+
+
+RANK_LOGS = "RLFLEET_RANK_LOGS"  # set by a torchrun launcher: the directory of its ranks' logs
+
+
+def log_to_rank_file() -> None:
+    """A torchrun rank other than 0 writes its stdout and stderr to `$RLFLEET_RANK_LOGS/rank_R.log`;
+    rank 0 keeps the launcher's stream, which is `rank_0.log`. Without both variables: nothing."""
+    log_dir, rank = os.environ.get(RANK_LOGS), os.environ.get("RANK")
+    if not log_dir or rank in (None, "0"):
+        return
+    path = Path(log_dir) / f"rank_{rank}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)

@@ -1,4 +1,5 @@
-"""What a person looks at after a run: summary.json, a reward-curve PNG, and wandb metrics."""
+"""What a person looks at during and after a run: the step progress bar, summary.json, a curve PNG,
+and wandb metrics."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import io
 import os
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlfleet.store import RunStore
 
@@ -63,8 +67,8 @@ def write_report(
         "steps": steps,
         "wall_seconds": wall_seconds,
         "config": config_path,
-        "first3_mean_reward": _mean([s["mean_reward"] for s in steps[:3]]),
-        "last3_mean_reward": _mean([s["mean_reward"] for s in steps[-3:]]),
+        "first3_mean_reward": mean_or_none([s["mean_reward"] for s in steps[:3]]),
+        "last3_mean_reward": mean_or_none([s["mean_reward"] for s in steps[-3:]]),
         "reward_curve": store.uri("reward_curve.png"),
     }
     store.write_bytes("reward_curve.png", reward_curve_png(steps, title))
@@ -72,8 +76,21 @@ def write_report(
     return summary
 
 
-def _mean(xs: list[float]) -> float | None:
+def mean_or_none(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
+
+
+def step_progress(kind: str, *fields: str) -> Progress:
+    """The terminal bar of an `rl` or `sft` run: steps done of max_steps, then `fields` (rich column
+    templates such as "loss {task.fields[loss]}"), on stderr."""
+    return Progress(
+        TextColumn(f"[bold]{kind}[/] step"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        *(TextColumn(f) for f in fields),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )
 
 
 class WandbSink:

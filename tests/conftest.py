@@ -1,6 +1,6 @@
 """Shared fixtures: a tiny model made once, and one real Prefect API server per test session.
 
-Prefect's ephemeral API costs ~15-20 s per process start (DESIGN.md), so end-to-end tests share
+Prefect's ephemeral API costs ~15-20 s per process start, so end-to-end tests share
 one `prefect server start` on loopback, with its own PREFECT_HOME and SQLite file, and point the
 flows at it through PREFECT_API_URL — the same path a user with a long-lived server takes.
 """

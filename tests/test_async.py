@@ -77,7 +77,7 @@ def test_rollout_task_reuses_a_published_rollout_only_within_k(tmp_path, k):
 
 
 def test_async_cpu_run_splits_the_cores_between_vllm_and_the_trainer(tmp_path):
-    from rlfleet.workers.placement import split_cpus
+    from rlfleet.config.placement import split_cpus
 
     cfg = split_cpus(_cfg(tmp_path, 1), cpus=[0, 1, 2, 3])
     assert cfg.inference.cpu_threads_bind == "0,1"

@@ -5,7 +5,6 @@ import pytest
 from rlfleet.config.loader import ConfigError, load, parse_args, to_toml
 from rlfleet.config.models import (
     InferenceJobConfig,
-    OrchestratorJobConfig,
     RLConfig,
     TrainerJobConfig,
 )
@@ -194,17 +193,15 @@ def _full_cfg():
 
 def test_job_configs_carry_shared_fields():
     cfg = _full_cfg()
-    t, o, i = cfg.trainer_job(), cfg.orchestrator_job(), cfg.inference_job()
+    t, i = cfg.trainer_job(), cfg.inference_job()
     assert isinstance(t, TrainerJobConfig)
-    assert isinstance(o, OrchestratorJobConfig)
     assert isinstance(i, InferenceJobConfig)
-    for job in (t, o, i):
+    for job in (t, i):
         assert job.output_dir == "out/run7"
         assert job.seed == 5
         assert job.model == cfg.model
-    assert t.max_steps == o.max_steps == 9
+    assert t.max_steps == 9
     assert t.trainer == cfg.trainer and t.trainer.lr == 0.01
-    assert o.orchestrator == cfg.orchestrator and o.orchestrator.batch_size == 3
     assert i.inference == cfg.inference and i.inference.port == 9000
 
 
@@ -215,5 +212,5 @@ def test_to_toml_round_trips(tmp_path):
     # and through the loader, as a file
     path = _write(tmp_path, "dump.toml", text)
     assert load(RLConfig, ["@", path]) == cfg
-    for job in (cfg.trainer_job(), cfg.orchestrator_job(), cfg.inference_job()):
+    for job in (cfg.trainer_job(), cfg.inference_job()):
         assert type(job).model_validate(tomllib.loads(to_toml(job))) == job

@@ -16,6 +16,7 @@ from rlfleet.config.models import RLConfig
 from rlfleet.orchestrator.rollout import read_rollout, staleness
 from rlfleet.store import RunStore
 from tests.conftest import free_port
+from tests.helpers import prompt_logprobs
 from tests.wandb_log import history_and_config
 
 pytestmark = pytest.mark.e2e
@@ -127,8 +128,9 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
     assert all(0.0 <= s["mean_reward"] <= 1.0 and s["step_seconds"] > 0 for s in summary["steps"])
     assert Path(summary["config"]).name == "rl.toml"
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for name in ("rl", "trainer", "orchestrator", "inference"):
+    for name in ("rl", "trainer", "inference"):
         assert (out / "configs" / f"{name}.toml").is_file()
+    assert not (out / "configs" / "orchestrator.toml").exists(), "nothing reads an orchestrator config"
     assert store.complete_steps("checkpoints") == [0, 1]
     assert store.manifest("batches/step_1", verify=True)["num_loss_tokens"] > 0
     assert (out / "logs" / "inference" / "replica_0.log").stat().st_size > 0
@@ -187,7 +189,6 @@ def test_weight_transports_change_served_logprobs(tiny_model, tmp_path):
 
     from transformers import AutoModelForCausalLM
 
-    from rlfleet.inference.client import prompt_logprobs
     from rlfleet.inference.pool import InferencePool
     from rlfleet.trainer.loss import token_logprobs
     from rlfleet.trainer.parallel import Parallel

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from rlfleet.chat import continuation_ids, parse_assistant, prompt_ids
 from rlfleet.config.envs import PythonArgs, RepeatArgs, split_counts
-from rlfleet.orchestrator.chat import continuation_ids, parse_assistant, prompt_ids
 from rlfleet.orchestrator.envs import Trajectory
 from rlfleet.orchestrator.envs.base import RewardError
 from rlfleet.orchestrator.envs.python_env import PythonEnv

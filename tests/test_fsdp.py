@@ -17,16 +17,16 @@ import torch
 from rlfleet.config.deployment import DeploymentConfig
 from rlfleet.config.loader import to_toml
 from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
+from rlfleet.config.placement import assign_gpus
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import publish_rollout, single_turn
 from rlfleet.store import RunStore
 from rlfleet.trainer.launch import TrainerProcess, torchrun_cmd
 from rlfleet.trainer.lm_head import chunked_logprobs
+from rlfleet.trainer.loop import run_trainer
 from rlfleet.trainer.loss import token_logprobs
 from rlfleet.trainer.parallel import apply_activation_checkpointing
 from rlfleet.trainer.train import Policy, load_model
-from rlfleet.trainer.worker import run_trainer
-from rlfleet.workers.placement import assign_gpus
 
 
 def test_chunked_logprobs_match_full_logits_values_and_grads():

@@ -8,10 +8,9 @@ import random
 import pytest
 import torch
 
+from rlfleet.batches import first_fit, packed_micro_batches, padded
 from rlfleet.config.models import RLConfig, TrainerConfig
-from rlfleet.orchestrator.batch import pack, packed_micro_batches
 from rlfleet.orchestrator.rollout import single_turn
-from rlfleet.trainer.packing import first_fit
 from rlfleet.trainer.train import Policy, load_model, make_optimizer, train_step
 
 
@@ -69,7 +68,7 @@ def test_packed_logprobs_equal_each_sample_alone(policy):
     got = packed[mb["loss_mask"][:, 1:].bool()]
     alone = []
     for r in sorted(recs, key=lambda r: -(len(r["input_ids"]))):
-        one = pack([r], 0)
+        one = padded([r], 0)
         lp, _ = policy(one["input_ids"])
         alone.append(lp[one["loss_mask"][:, 1:].bool()])
     # Row-major order of loss tokens in the packed rows differs from `sorted` order only by row
@@ -92,7 +91,7 @@ def test_packed_train_step_equals_padded(tiny_model):
     cfg = TrainerConfig(lr=1e-2)
     results = []
     for micro in (
-        [pack(recs[i : i + 4], 0) for i in range(0, 16, 4)],
+        [padded(recs[i : i + 4], 0) for i in range(0, 16, 4)],
         packed_micro_batches(recs, pad_id=0, seq_len=48, rows_per_micro=2),
     ):
         torch.manual_seed(0)

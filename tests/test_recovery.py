@@ -12,10 +12,12 @@ from transformers import AutoModelForCausalLM
 
 from rlfleet.config.loader import ConfigError
 from rlfleet.errors import DeterministicError, TransientError, is_transient
-from rlfleet.runs import acquire_run_lock, release_run_lock, resume_step, spans, status
+from rlfleet.runs.lock import acquire_run_lock, release_run_lock
+from rlfleet.runs.resume import resume_step
+from rlfleet.runs.status import spans, status
 from rlfleet.store import RunStore
 from rlfleet.trainer.checkpoint import latest_checkpoint, publish_weights, save_checkpoint
-from rlfleet.trainer.worker import read_trainer_error, record_trainer_error
+from rlfleet.trainer.loop import read_trainer_error, record_trainer_error
 from rlfleet.weights.filesystem import newest_weights
 
 
@@ -119,7 +121,7 @@ def test_prefect_retries_transient_failures_only(prefect_api):
     from prefect import flow, task
 
     from rlfleet.config.models import RLConfig
-    from rlfleet.tasks.rl import policy
+    from rlfleet.tasks.rl import retry_options
 
     cfg = RLConfig.model_validate({"model": {"path": "m"}, "tasks": {"retries": 2, "retry_delay_s": 0}})
     calls: list[str] = []
@@ -135,7 +137,7 @@ def test_prefect_retries_transient_failures_only(prefect_api):
 
     @flow
     def run(kind: str):
-        return flaky.with_options(**policy(cfg))(kind)
+        return flaky.with_options(**retry_options(cfg))(kind)
 
     assert run("transient") == "ok"
     assert calls.count("transient") == 3

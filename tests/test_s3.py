@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlfleet.config.checks import check_output_dir
-from rlfleet.runs import resume_step
+from rlfleet.runs.resume import resume_step
 from rlfleet.store import CorruptArtifact, RunStore, cache_root, stage, step_dir
 from rlfleet.trainer.checkpoint import (
     latest_checkpoint,
@@ -311,7 +311,7 @@ def test_rl_run_on_s3_completes_resumes_and_leaks_no_secret(
     assert [s["step"] for s in summary["steps"]] == [0, 1]
     assert summary["config"] == f"{url}/configs/rl.toml"
     assert store.read_bytes("reward_curve.png")[:8] == b"\x89PNG\r\n\x1a\n"
-    for name in ("rl", "trainer", "orchestrator", "inference"):
+    for name in ("rl", "trainer", "inference"):
         assert store.exists(f"configs/{name}.toml") and (cache / "configs" / f"{name}.toml").is_file()
     assert store.complete_steps("weights") == [1] and store.complete_steps("checkpoints") == [1]
     # vLLM reloaded step 1 from the verified local copy, not from S3

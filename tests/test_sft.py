@@ -14,8 +14,9 @@ from rlfleet.cli import main
 from rlfleet.config.loader import load, validate
 from rlfleet.config.models import SFTConfig
 from rlfleet.store import RunStore
-from rlfleet.trainer.sft import dataset_nll, run_sft
+from rlfleet.trainer.sft import run_sft
 from rlfleet.trainer.sft_data import DataError, encode, encode_chat, load_dataset, step_rows
+from tests.helpers import dataset_nll
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny"
@@ -185,7 +186,10 @@ def test_two_ranks_via_the_flow_match_one_process_and_resume_on_one(
     two = [*args, "--max-steps", "4", "--deployment.num-train-gpus", "2", "--trainer.fsdp", "on"]
     argv = ["sft", "@", str(EXAMPLE / "sft.toml"), "--model.path", str(tiny_model), "--output-dir", str(out)]
     assert main([*argv, "--data.path", str(EXAMPLE / "sft_repeat.jsonl"), *two]) == 0
-    assert "sft rank 1/2" in (out / "logs" / "sft" / "rank_0.log").read_text()
+    logs = out / "logs" / "sft"
+    assert "sft rank 0/2" in (logs / "rank_0.log").read_text()  # one log file per rank
+    assert "sft rank 1/2" in (logs / "rank_1.log").read_text()
+    assert "sft rank 1/2" not in (logs / "rank_0.log").read_text()
     assert len(list((out / "checkpoints" / "step_3" / "dcp").glob("*.distcp"))) == 2  # one shard per rank
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
 

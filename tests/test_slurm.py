@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from rlfleet.cli import main
-from rlfleet.slurm.commands import sbatch_test_only
 from rlfleet.store import RunStore
+from tests.helpers import sbatch_test_only
 from tests.slurmcluster import show, wait_job
 
 pytestmark = pytest.mark.slurm
@@ -141,7 +141,7 @@ def test_dry_run_writes_a_script_sbatch_test_only_accepts(slurm, tiny_model, tmp
     assert (
         "#SBATCH --exclusive" in script and "rlfleet.cli rl @" in script and "torch.distributed.run" in script
     )
-    for name in ("rl", "trainer", "orchestrator", "inference"):
+    for name in ("rl", "trainer", "inference"):
         assert (out / "configs" / f"{name}.toml").is_file()
     assert "slurm" not in (out / "configs" / "rl.toml").read_text(), "the job's configs do not submit again"
     said = sbatch_test_only(result["script"])

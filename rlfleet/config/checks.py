@@ -73,10 +73,10 @@ def check_remote_output_dir(url: str) -> list[str]:
             "output_dir: credentials do not belong in the URL (they would be written into configs and "
             "logs); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_ENDPOINT_URL instead"
         ]
-    from rlfleet.store import RunStore
+    from rlfleet.store import run_store
 
     try:
-        store = RunStore(url)
+        store = run_store(url)
         store.write_bytes(".rlfleet-probe", b"")
         store.fs.rm(store.path(".rlfleet-probe"))
     except Exception as e:  # any failure is the user's to fix; name it without the request details

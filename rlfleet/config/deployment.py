@@ -97,12 +97,25 @@ class SlurmConfig(Strict):
         return v
 
 
+def slurm_missing(
+    d: DeploymentConfig | MultiNodeDeployment, slurm: SlurmConfig | None, urls: list[str] | None = None
+) -> str | None:
+    """multi_node runs only as a SLURM job: a config with [slurm] submits one. The job's own configs
+    come without it: sft and inference ones as single_node, the rl controller's with the inference
+    nodes' `urls` (the sbatch script passes --inference.urls)."""
+    if d.type == "multi_node" and slurm is None and not urls:
+        return "deployment.type: multi_node runs as a SLURM job; add a [slurm] block"
+    return None
+
+
 def check_slurm_fit(
     d: DeploymentConfig | MultiNodeDeployment, slurm: SlurmConfig | None, command: str
 ) -> None:
     """Which node counts each command's job needs; multi_node only runs as a SLURM job."""
     if d.type == "single_node":
         return
+    if command != "rl" and (problem := slurm_missing(d, slurm)):  # rl: at preflight, with its urls
+        raise ValueError(problem)
     need_train, need_infer = {"rl": (True, True), "sft": (True, False), "inference": (False, True)}[command]
     for field, n, need in (
         ("num_train_nodes", d.num_train_nodes, need_train),

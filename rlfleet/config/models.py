@@ -1,7 +1,8 @@
 """Pydantic models for every rlfleet config.
 
-One RL config (`RLConfig`) resolves into three job configs (trainer, orchestrator, inference) that
-each engine component also accepts on its own from the CLI. Every model forbids unknown keys so a
+One RL config (`RLConfig`) resolves into the job configs of its processes (`TrainerJobConfig`,
+`InferenceJobConfig`), which `rlfleet trainer` and `rlfleet inference` also accept on their own;
+the orchestrator runs inside the `rl` flow. Every model forbids unknown keys so a
 typo fails before anything starts, with the field's dotted path in the message.
 """
 
@@ -243,8 +244,6 @@ class InferenceJobConfig(Strict):
                 f"gpu_ids: {len(self.gpu_ids)} GPUs for num_replicas x tensor_parallel_size = {need}"
             )
         check_slurm_fit(self.deployment, self.slurm, "inference")
-        if self.deployment.type == "multi_node" and self.slurm is None:
-            raise ValueError("deployment.type: multi_node runs as a SLURM job; add a [slurm] block")
         return self
 
 
@@ -261,21 +260,26 @@ class EvalJobConfig(Strict):
     inference: InferenceConfig = Field(default_factory=lambda: InferenceConfig(port=8300))
 
 
-class OrchestratorJobConfig(_RunBase):
-    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+class _FlowRunBase(_RunBase):
+    """What an `rl` and an `sft` run share: a name, the trainer, task retries, placement, SLURM."""
 
-
-class RLConfig(_RunBase):
     run_name: str | None = None
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    tasks: TaskPolicy = Field(default_factory=TaskPolicy)
+    deployment: Deployment = Field(default_factory=DeploymentConfig)
+    slurm: SlurmConfig | None = None
+
+    @property
+    def name(self) -> str:
+        return self.run_name or Path(self.output_dir).name
+
+
+class RLConfig(_FlowRunBase):
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
-    deployment: Deployment = Field(default_factory=DeploymentConfig)
-    tasks: TaskPolicy = Field(default_factory=TaskPolicy)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
-    slurm: SlurmConfig | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> RLConfig:
@@ -315,10 +319,6 @@ class RLConfig(_RunBase):
             )
         return self
 
-    @property
-    def name(self) -> str:
-        return self.run_name or Path(self.output_dir).name
-
     def trainer_job(self, gpu_ids: list[str] | None = None) -> TrainerJobConfig:
         return TrainerJobConfig(
             **self._base(),
@@ -327,9 +327,6 @@ class RLConfig(_RunBase):
             inference=self.inference,
             gpu_ids=gpu_ids or [],
         )
-
-    def orchestrator_job(self) -> OrchestratorJobConfig:
-        return OrchestratorJobConfig(**self._base(), orchestrator=self.orchestrator)
 
     def inference_job(self, gpu_ids: list[str] | None = None) -> InferenceJobConfig:
         return InferenceJobConfig(
@@ -358,22 +355,15 @@ class SFTDataConfig(Strict):
     shuffle: bool = Field(True, description="A fresh permutation per epoch, from the seed.")
 
 
-class SFTConfig(_RunBase):
+class SFTConfig(_FlowRunBase):
     """Supervised fine-tuning with the RL trainer's model, optimizer, checkpoints and resume."""
 
-    run_name: str | None = None
     data: SFTDataConfig
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
-    tasks: TaskPolicy = Field(default_factory=TaskPolicy)
-    deployment: Deployment = Field(default_factory=DeploymentConfig)
-    slurm: SlurmConfig | None = None
 
     @model_validator(mode="after")
     def _placement(self) -> SFTConfig:
         check_slurm_fit(self.deployment, self.slurm, "sft")
-        if self.deployment.type == "multi_node" and self.slurm is None:
-            raise ValueError("deployment.type: multi_node runs as a SLURM job; add a [slurm] block")
         return self
 
     @model_validator(mode="after")
@@ -381,10 +371,6 @@ class SFTConfig(_RunBase):
         if self.deployment.type == "single_node" and self.deployment.num_inference_gpus:
             raise ValueError("deployment.num_inference_gpus: SFT runs no inference; set it to 0")
         return self
-
-    @property
-    def name(self) -> str:
-        return self.run_name or Path(self.output_dir).name
 
     def trainer_job(self, gpu_ids: list[str] | None = None) -> TrainerJobConfig:
         """The trainer's view of this run: same model, trainer keys, seed and bench."""

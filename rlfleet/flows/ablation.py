@@ -12,8 +12,8 @@ from rlfleet.config.grid import expand_grid
 from rlfleet.config.models import RLConfig
 from rlfleet.flows.artifacts import artifact_key
 from rlfleet.flows.rl import rl
-from rlfleet.runs import preflight
-from rlfleet.store import RunStore
+from rlfleet.runs.configs import preflight
+from rlfleet.store import run_store
 
 
 def point_row(name: str, overrides: dict[str, Any], cfg: RLConfig, state: Any) -> dict[str, Any]:
@@ -22,7 +22,7 @@ def point_row(name: str, overrides: dict[str, Any], cfg: RLConfig, state: Any) -
     if not state.is_completed():
         return row
     summary = state.result()
-    store = RunStore(cfg.output_dir)
+    store = run_store(cfg.output_dir)
     steps = summary["steps"]
     tokens = [store.read_json(f"metrics/step_{s['step']}.json")["num_loss_tokens"] for s in steps]
     secs = [s["step_seconds"] for s in steps]
@@ -52,5 +52,5 @@ def ablation(base: RLConfig, grid: dict[str, list[Any]]) -> list[dict[str, Any]]
         table=rows,
         description=f"ablation over {list(grid)}: final reward = mean of the last 3 steps",
     )
-    RunStore(base.output_dir).write_json("ablation.json", rows)
+    run_store(base.output_dir).write_json("ablation.json", rows)
     return rows

@@ -21,34 +21,28 @@ from prefect.futures import PrefectFuture, wait
 from prefect.runtime import flow_run
 from prefect.states import Completed, State
 from prefect.utilities.annotations import quote
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlfleet.config.envs import env_name
 from rlfleet.config.models import RLConfig
+from rlfleet.config.placement import gpu_defaults, split_cpus
 from rlfleet.flows.artifacts import publish_summary
 from rlfleet.flows.monitor import LiveArtifacts, recoveries
 from rlfleet.inference.pool import shutdown_pool
 from rlfleet.orchestrator.rollout import usable
-from rlfleet.report import WandbSink, wandb_metrics, write_report
-from rlfleet.runs import (
-    acquire_run_lock,
-    discard_stale,
-    preflight,
-    release_run_lock,
-    resume_step,
-    step_records,
-    sync_logs,
-    write_configs,
-)
-from rlfleet.store import RunStore
+from rlfleet.report import WandbSink, step_progress, wandb_metrics, write_report
+from rlfleet.runs.configs import preflight, write_configs
+from rlfleet.runs.lock import acquire_run_lock, release_run_lock
+from rlfleet.runs.logs import sync_logs
+from rlfleet.runs.resume import discard_stale, resume_step
+from rlfleet.runs.status import step_records
+from rlfleet.store import run_store
 from rlfleet.tasks.eval import evaluate_policy
 from rlfleet.tasks.rl import (
     aggregate,
     broadcast_weights,
     checkpoint,
     launch_inference_pool,
-    policy,
+    retry_options,
     rollout,
     start_trainer,
     train,
@@ -56,19 +50,6 @@ from rlfleet.tasks.rl import (
 from rlfleet.tasks.storage import load_credentials_block
 from rlfleet.trainer.launch import stop_trainer
 from rlfleet.workers.leases import gpu_lease
-from rlfleet.workers.placement import gpu_defaults, split_cpus
-
-
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("[bold]rl[/] step"),
-        MofNCompleteColumn(),
-        BarColumn(),
-        TextColumn("reward {task.fields[reward]}"),
-        TextColumn("{task.fields[secs]}"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-    )
 
 
 @flow(name="rl", flow_run_name="{config.name}", log_prints=True)
@@ -102,7 +83,7 @@ def tag_run(cfg: RLConfig) -> None:
 def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -> dict[str, Any]:
     log = get_run_logger()
     paths = write_configs(cfg, inf_gpus, train_gpus)
-    store = RunStore(cfg.output_dir)
+    store = run_store(cfg.output_dir)
     acquire_run_lock(store)
     start = resume_step(store)
     if start:
@@ -124,13 +105,13 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
         served, after = start - 1, []  # the weight version the pool holds; what rollouts wait for
         if start < cfg.max_steps:
             # the trainer loads its model while vLLM starts: both are ready when step `start` begins
-            warm = start_trainer.with_options(**policy(cfg)).submit(quote(cfg), train_gpus)
+            warm = start_trainer.with_options(**retry_options(cfg)).submit(quote(cfg), train_gpus)
             launched = launch_inference_pool.with_options(
-                **policy(cfg, cfg.inference.startup_timeout_s + 60)
+                **retry_options(cfg, cfg.inference.startup_timeout_s + 60)
             )(quote(cfg), inf_gpus, start - 1, return_state=True)
             served, after = launched.result()["step"], [edge(launched)]
             warm.result()
-        with _progress() as bar:
+        with step_progress("rl", "reward {task.fields[reward]}", "{task.fields[secs]}") as bar:
             job = bar.add_task("rl", total=cfg.max_steps, completed=start, reward="-", secs="")
             for step in range(start, cfg.max_steps):
                 record, metrics, served, after = _step(
@@ -200,7 +181,7 @@ def _step(
     broadcast and checkpoint <- train."""
     s0 = time.perf_counter()
     c = quote(cfg)
-    opts = policy(cfg)
+    opts = retry_options(cfg)
     # A resume discarded rollouts and batches after `start` and everything the trainer wrote from
     # `start` on: those must not come back from a retried run's cache.
     kept = dict(opts, refresh_cache=step > start)

@@ -14,9 +14,9 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from rlfleet.config.loader import to_toml
 from rlfleet.config.models import SFTConfig
 from rlfleet.flows.artifacts import artifact_key
-from rlfleet.runs import acquire_run_lock, release_run_lock
-from rlfleet.store import RunStore
-from rlfleet.tasks.rl import policy
+from rlfleet.runs.lock import acquire_run_lock, release_run_lock
+from rlfleet.store import run_store
+from rlfleet.tasks.rl import retry_options
 from rlfleet.tasks.sft import sft_train
 from rlfleet.trainer.sft import preflight
 
@@ -28,10 +28,10 @@ def sft(config: SFTConfig) -> dict[str, Any]:
     cfg = config
     log = get_run_logger()
     preflight(cfg)
-    store = RunStore(cfg.output_dir)
+    store = run_store(cfg.output_dir)
     # The RL tasks' retry policy; one task runs every step, so its timeout is the per-step budget
     # times the steps. Result persistence is left out: the task is never cached (tasks/sft.py).
-    opts = policy(cfg, cfg.tasks.step_timeout_s * cfg.max_steps)
+    opts = retry_options(cfg, cfg.tasks.step_timeout_s * cfg.max_steps)
     opts = {k: v for k, v in opts.items() if k in RETRY_OPTIONS}
     acquire_run_lock(store)  # before any write: a second controller must not touch a live run
     try:

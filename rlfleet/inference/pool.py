@@ -19,7 +19,7 @@ from rlfleet.errors import DeterministicError, TransientError
 from rlfleet.inference.server import Replica, healthy, launch_replicas, stop_replicas
 from rlfleet.net import tls
 from rlfleet.procs import wait_until
-from rlfleet.store import RunStore
+from rlfleet.store import run_store
 from rlfleet.weights.client import load
 from rlfleet.weights.tickets import write_served
 
@@ -70,7 +70,7 @@ class InferencePool:
         self.asleep = False
         if self.ticket is not None and self.ticket["transport"] != "filesystem":
             self._resync()
-        write_served(RunStore(self.cfg.output_dir), self.policy_step)
+        write_served(run_store(self.cfg.output_dir), self.policy_step)
         return self.urls
 
     def take_relaunched(self) -> list[dict[str, Any]]:
@@ -103,7 +103,7 @@ class InferencePool:
         self.policy_step, self.ticket = ticket["step"], ticket
         if ticket["transport"] == "filesystem":
             self.weights_path = ticket["path"]
-        write_served(RunStore(self.cfg.output_dir), self.policy_step)  # the cuda_ipc trainer waits on it
+        write_served(run_store(self.cfg.output_dir), self.policy_step)  # the cuda_ipc trainer waits on it
         return {
             "step": self.policy_step,
             "transport": ticket["transport"],

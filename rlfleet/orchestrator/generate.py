@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+from rlfleet.chat import continuation_ids, parse_assistant, prompt_ids
 from rlfleet.errors import DeterministicError
-from rlfleet.orchestrator.chat import continuation_ids, parse_assistant, prompt_ids
 from rlfleet.orchestrator.envs.base import Environment, Example, RewardError, Trajectory
 from rlfleet.orchestrator.envs.usercode import describe
 from rlfleet.orchestrator.sampler import Sample, sample_with_healing

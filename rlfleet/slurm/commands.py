@@ -14,7 +14,6 @@ from dataclasses import dataclass
 # SLURM job states (squeue long names) by what they mean for the run.
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING"}
 SUCCESS = {"COMPLETED"}
-CRASHED = {"FAILED", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "BOOT_FAIL", "OUT_OF_MEMORY", "DEADLINE"}
 CANCELLED = {"CANCELLED", "REVOKED"}
 
 
@@ -64,11 +63,6 @@ def sbatch(script: str, args: Sequence[str] = (), env: dict[str, str] | None = N
     """Submit a script file; returns the job id."""
     out = _run(["sbatch", "--parsable", *args, script], env=env)
     return out.strip().splitlines()[-1].split(";")[0]
-
-
-def sbatch_test_only(script: str, env: dict[str, str] | None = None) -> str:
-    """`sbatch --test-only`: validates the script and says where it would start; submits nothing."""
-    return _run(["sbatch", "--test-only", script], env=env).strip()
 
 
 def scancel(job_id: str, signal: str | None = None, env: dict[str, str] | None = None) -> None:

@@ -2,7 +2,7 @@
 
 What the job runs reads the configs written here, without their `[slurm]` block (so nothing inside
 the job submits again). Everything is written atomically under `<output_dir>`:
-  configs/<name>.toml   the resolved configs (rl + trainer/orchestrator/inference, sft, inference)
+  configs/<name>.toml   the resolved configs (rl + trainer/inference, sft, inference)
   slurm/<command>.sbatch the rendered script;  slurm/job.json  the submitted job's id
   logs/slurm/            created here: sbatch does not create the directory of --output
 """
@@ -22,7 +22,7 @@ from rlfleet.config.models import InferenceJobConfig, RLConfig, SFTConfig
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.slurm.commands import sbatch
 from rlfleet.slurm.render import render, replicas_per_node, template_variables
-from rlfleet.store import RunStore
+from rlfleet.store import run_store
 
 AnyJob = RLConfig | SFTConfig | InferenceJobConfig
 
@@ -69,7 +69,6 @@ def resolve(command: str, cfg: AnyJob) -> dict[str, BaseModel]:
     return {
         "rl": rl,
         "trainer": rl.trainer_job(_gpu_ids(d.gpus_per_node) if multi else None),
-        "orchestrator": rl.orchestrator_job(),
         "inference": inference,
     }
 
@@ -100,7 +99,7 @@ def submit(command: str, cfg: AnyJob, env: dict[str, str] | None = None) -> dict
         env,
     )
     script = render(slurm.template_path, variables)  # a template error fails before anything is written
-    store = RunStore(str(out))
+    store = run_store(str(out))
     for name, job in jobs.items():
         store.write_text(f"configs/{name}.toml", to_toml(job))
     store.write_text(f"slurm/{command}.sbatch", script)

@@ -61,10 +61,21 @@ def cache_root(url: str) -> Path:
     return Path(base) / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
+def _is_remote(url: str) -> bool:
+    return fsspec.core.split_protocol(url)[0] not in (None, "file", "local")
+
+
 def local_dir(url: str | Path) -> Path:
     """Where a run's local-only files live: the output_dir itself, or the cache of a remote store."""
-    store = RunStore(url)
-    return Path(store.root) if store.is_local else cache_root(store.url)
+    url = str(url).rstrip("/")
+    return cache_root(url) if _is_remote(url) else Path(LocalFileSystem._strip_protocol(url))
+
+
+def run_store(output_dir: str | Path) -> RunStore:
+    """A run's store from its output_dir: the one place the package opens one (tests and
+    benchmarks construct RunStore directly). Not cached: fsspec caches the filesystem instance,
+    and a cached store would outlive a credentials change that clears that cache."""
+    return RunStore(output_dir)
 
 
 class RunStore:
@@ -72,8 +83,7 @@ class RunStore:
         """part_size: bytes per multipart-upload part on S3 (s3fs's default, 50 MiB, when None)."""
         self.url = str(url).rstrip("/")
         protocol = fsspec.core.split_protocol(self.url)[0]
-        remote = protocol not in (None, "file", "local")
-        opts = {"use_listings_cache": False} if remote else {}
+        opts = {"use_listings_cache": False} if _is_remote(self.url) else {}
         self.fs, root = fsspec.core.url_to_fs(self.url, **opts)
         self.root = root.rstrip("/")
         self.is_local = isinstance(self.fs, LocalFileSystem)
@@ -89,7 +99,7 @@ class RunStore:
 
     @property
     def local_dir(self) -> Path:
-        return Path(self.root) if self.is_local else cache_root(self.url)
+        return local_dir(self.url)
 
     def local_path(self, *parts: str) -> Path:
         if not self.is_local:
@@ -217,6 +227,13 @@ class RunStore:
             return []
         names = (e.rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(self.path(kind), detail=False))
         return sorted(int(n[5:]) for n in names if n.startswith("step_") and n[5:].isdigit())
+
+    def json_steps(self, kind: str) -> list[int]:
+        """N of every `<kind>/step_N.json` (steps/, metrics/, sync/), in order."""
+        if not self.exists(kind):
+            return []
+        names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(self.path(kind), detail=False)]
+        return sorted(int(n[5:-5]) for n in names if n.startswith("step_") and n.endswith(".json"))
 
     def remove(self, rel: str) -> None:
         p = self.path(rel)

@@ -10,7 +10,7 @@ from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig
 from rlfleet.inference.pool import get_pool
 from rlfleet.inference.server import launch_replicas, stop_replicas
 from rlfleet.orchestrator.evaluate import evaluate
-from rlfleet.store import CorruptArtifact, RunStore, step_dir
+from rlfleet.store import CorruptArtifact, RunStore, run_store, step_dir
 from rlfleet.tasks.rl import step_key
 from rlfleet.trainer.checkpoint import checkpoint_model_path, latest_checkpoint
 
@@ -43,7 +43,7 @@ def resolve_checkpoint(store: RunStore, which: str | int) -> tuple[int | None, s
 
 @task(name="evaluate_checkpoint", task_run_name="evaluate_checkpoint-{cfg.checkpoint}")
 def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
-    store = RunStore(cfg.output_dir)
+    store = run_store(cfg.output_dir)
     step, model_dir = resolve_checkpoint(store, cfg.checkpoint)
     serve = InferenceJobConfig(
         output_dir=str(store.local_dir / "eval"),  # vLLM logs stay on this machine
@@ -66,4 +66,4 @@ def evaluate_policy(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, A
     """Evaluate the weights of `step` on the run's own servers (called right after their broadcast)."""
     pool = get_pool(cfg.inference_job(gpu_ids))
     result = evaluate(pool.ensure, cfg.model.path, cfg.eval, cfg.inference.max_model_len)
-    return eval_record(RunStore(cfg.output_dir), step, result, "rl")
+    return eval_record(run_store(cfg.output_dir), step, result, "rl")

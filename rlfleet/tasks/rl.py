@@ -4,8 +4,10 @@ Every task is idempotent at the store level: if its artifact for (run, step) is 
 published it returns that manifest instead of redoing the work, so Prefect retries and reruns
 resume at the first unfinished piece. Within one flow run the Prefect cache mirrors the store
 (`step_key`), so a flow run retried from the UI shows finished tasks as `Cached` and re-executes
-only the failed and later ones. Tasks that act on processes (launching the pool, broadcasting
-weights) are never cached: the processes die with the controller.
+only the failed and later ones. Tasks that act on processes (launching the pool, starting the
+trainer, broadcasting weights) are never cached: the processes die with the controller. `train`
+(re)starts the trainer too, so the flow always refreshes its cache entry (`refresh_cache=True`):
+it runs every time, and the trainer's `metrics/step_N.json` says whether step N is done.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from rlfleet.flows.monitor import recovered
 from rlfleet.inference.pool import InferencePool, get_pool
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout, usable
-from rlfleet.store import RunStore, step_dir
+from rlfleet.store import RunStore, run_store, step_dir
 from rlfleet.tasks.storage import result_storage
 from rlfleet.trainer.checkpoint import latest_checkpoint
 from rlfleet.trainer.launch import TrainerProcess, get_trainer
-from rlfleet.trainer.worker import is_checkpoint_step
+from rlfleet.trainer.loop import is_checkpoint_step
 from rlfleet.weights.tickets import ticket
 
 
@@ -38,7 +40,7 @@ def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
     return not isinstance(exc, BaseException) or is_transient(exc)
 
 
-def policy(cfg: RLConfig, timeout_s: float | None = None) -> dict[str, Any]:
+def retry_options(cfg: RLConfig, timeout_s: float | None = None) -> dict[str, Any]:
     """Retries after a fixed delay (one number, which the UI shows; a list of backoff delays shows
     there as NaN), transient-only, and a timeout, for every task of the run; results persist in
     the run store (`prefect/results/`) so cache hits survive the controller."""
@@ -64,7 +66,7 @@ def brief(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def _store(cfg: RLConfig) -> RunStore:
-    return RunStore(cfg.output_dir)
+    return run_store(cfg.output_dir)
 
 
 def report_relaunches(cfg: RLConfig, pool: InferencePool) -> None:
@@ -105,7 +107,9 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
             pool.sleep()  # inference.sleep: the trainer gets the GPU until the next broadcast
             return brief(existing)
         store.remove(step_dir("batches", step))
-    if not usable(step, pool.policy_step, k):  # the flow schedules rollouts so this cannot happen
+    # The flow submits a rollout only on usable weights; a task run outside that schedule (a
+    # direct call, a bug) must not publish samples that aggregate would refuse.
+    if not usable(step, pool.policy_step, k):
         raise DeterministicError(f"rollout {step} on weights {pool.policy_step}: off-policy beyond k={k}")
     out = brief(
         run_rollout(
@@ -143,7 +147,7 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
 
 
 @task(name="aggregate", task_run_name="aggregate-{step}", cache_key_fn=step_key)
-def aggregate(cfg: RLConfig, step: int, num_ranks: int = 1) -> dict[str, Any]:
+def aggregate(cfg: RLConfig, step: int) -> dict[str, Any]:
     store = _store(cfg)
     if (existing := store.manifest(step_dir("batches", step))) is not None:
         return brief(existing)
@@ -154,7 +158,6 @@ def aggregate(cfg: RLConfig, step: int, num_ranks: int = 1) -> dict[str, Any]:
             step,
             cfg.orchestrator.micro_batch_size,
             pad_id,
-            num_ranks,
             cursor={"next_step": step + 1, "seed": cfg.seed},
             temperature=cfg.orchestrator.temperature,
             seq_len=cfg.orchestrator.seq_len,

@@ -15,10 +15,10 @@ from prefect.cache_policies import NO_CACHE
 
 from rlfleet.config.loader import to_toml
 from rlfleet.config.models import SFTConfig
-from rlfleet.store import RunStore
+from rlfleet.config.placement import assign_gpus
+from rlfleet.store import run_store
 from rlfleet.trainer.launch import run_torchrun
 from rlfleet.trainer.sft import run_sft
-from rlfleet.workers.placement import assign_gpus
 
 
 @task(name="sft_train", task_run_name="sft_train", cache_policy=NO_CACHE)
@@ -27,7 +27,7 @@ def sft_train(cfg: SFTConfig) -> dict[str, Any]:
     gpus = assign_gpus(cfg.deployment)[1]
     if len(gpus) <= 1:
         return run_sft(cfg)
-    store = RunStore(cfg.output_dir)
+    store = run_store(cfg.output_dir)
     config = store.local_dir / "run" / "sft.toml"  # the ranks read it from this machine's disk
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(to_toml(cfg))

@@ -82,7 +82,7 @@ def _step_fn(cfg: TrainerJobConfig, loss: str) -> Callable[..., dict[str, Any]]:
 
 def run_bench(cfg: TrainerJobConfig, loss: str = "grpo") -> dict[str, Any]:
     """Warm-up then measured steps of the GRPO (`rlfleet trainer`) or SFT (`rlfleet sft`) step."""
-    from rlfleet.trainer.worker import build
+    from rlfleet.trainer.loop import build
 
     b = cfg.bench
     par, policy, optimizer = build(cfg, cfg.model.path, random_init=True)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import io
 import logging
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +50,27 @@ def _save_model(
     if par is not None and par.enabled:
         _save_sharded_as_hf(model, out, par)
     else:
-        hf_model(model).save_pretrained(out, safe_serialization=True)
+        with _no_progress_bar():  # one "Writing model shards" bar per step (and per replayed step)
+            hf_model(model).save_pretrained(out, safe_serialization=True)
     if tokenizer_dir and (par is None or par.is_main):
         for name in TOKENIZER_FILES:
             src = Path(tokenizer_dir) / name
             if src.is_file():
                 shutil.copy2(src, out / name)
+
+
+@contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """transformers' (and huggingface_hub's) progress bars off for the block, as they were after."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def _save_sharded_as_hf(model: torch.nn.Module, out: Path, par: Parallel) -> None:

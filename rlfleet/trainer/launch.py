@@ -8,13 +8,14 @@ from typing import Any
 
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import DeterministicError, TransientError
-from rlfleet.procs import ManagedProcess, python_module_cmd
+from rlfleet.procs import RANK_LOGS, ManagedProcess, python_module_cmd
 from rlfleet.store import RunStore, local_dir
-from rlfleet.trainer.worker import poll_interval, read_trainer_error
+from rlfleet.trainer.loop import poll_interval, read_trainer_error
 
 
 def torchrun_cmd(nproc: int, cli_args: list[str]) -> list[str]:
-    """`torchrun --standalone` on this node, one rank per GPU; rank 0's output goes to our log."""
+    """`torchrun --standalone` on this node, one rank per GPU; rank 0's output goes to our log
+    (and the others' to their own files, where the launcher sets RLFLEET_RANK_LOGS)."""
     import sys
 
     return [
@@ -34,16 +35,22 @@ class TrainerDied(TransientError):
 
 
 def run_torchrun(argv: list[str], gpu_ids: list[str], output_dir: str, name: str) -> None:
-    """`rlfleet <argv>` as torchrun ranks over `gpu_ids`, to completion (rank 0 logs to
-    `logs/<name>/rank_0.log`). A non-zero exit is a TrainerDied: the engine resumes from its
+    """`rlfleet <argv>` as torchrun ranks over `gpu_ids`, to completion (rank R logs to
+    `logs/<name>/rank_R.log`). A non-zero exit is a TrainerDied: the engine resumes from its
     latest checkpoint, so a retry loses at most one checkpoint interval."""
     out = local_dir(output_dir)
+    logs = out / "logs" / name
     proc = ManagedProcess(
         name=name,
         cmd=torchrun_cmd(len(gpu_ids), argv),
-        log_path=out / "logs" / name / "rank_0.log",
+        log_path=logs / "rank_0.log",
         pidfile=out / "run" / f"{name}.pid",
-        env={"CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+        env={
+            "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids),
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+            RANK_LOGS: str(logs),
+        },
     ).start()
     try:
         rc = proc.proc.wait()
@@ -71,12 +78,13 @@ class TrainerProcess:
         self.launches += 1
         args = ["trainer", "@", str(self.config_path)]
         n = len(self.cfg.gpu_ids)
+        logs = out / "logs" / "trainer"
         self.process = ManagedProcess(
             name="trainer",
             cmd=torchrun_cmd(n, args) if n > 1 else python_module_cmd("rlfleet.cli", args),
-            log_path=out / "logs" / "trainer" / "rank_0.log",
+            log_path=logs / "rank_0.log",
             pidfile=out / "run" / "trainer.pid",
-            env={**env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+            env={**env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", RANK_LOGS: str(logs)},
         ).start()
         return died
 

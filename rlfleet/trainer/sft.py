@@ -16,37 +16,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import AutoTokenizer
 
 from rlfleet.config.checks import check_model, check_output_dir, raise_if
 from rlfleet.config.models import SFTConfig
-from rlfleet.report import curve_png
-from rlfleet.store import RunStore, step_dir
+from rlfleet.report import curve_png, mean_or_none, step_progress
+from rlfleet.runs.resume import discard_stale
+from rlfleet.store import RunStore, run_store, step_dir
 from rlfleet.trainer.checkpoint import (
-    checkpoint_model_path,
     latest_checkpoint,
-    load_trainer_state,
-    prune_checkpoints,
     prune_weights,
     publish_weights,
-    save_checkpoint,
 )
-from rlfleet.trainer.loss import sft_loss, token_logprobs
+from rlfleet.trainer.loop import build_resumed, checkpoint_if_due
+from rlfleet.trainer.loss import sft_loss
 from rlfleet.trainer.parallel import Parallel, teardown
 from rlfleet.trainer.sft_data import (
-    Example,
     check_data,
-    encode,
     load_dataset,
-    micro_batches,
     num_targets,
-    pad_id,
     step_batches,
 )
-from rlfleet.trainer.train import Policy, accumulate, load_model, optimizer_step
-from rlfleet.trainer.worker import build, is_checkpoint_step
+from rlfleet.trainer.train import Policy, accumulate, optimizer_step
 
 log = logging.getLogger("rlfleet.sft")
 
@@ -90,57 +81,6 @@ def sft_step(
     }
 
 
-@torch.no_grad()
-def evaluate_nll(
-    model: PreTrainedModel, examples: list[Example], pad: int, micro_batch_size: int = 32
-) -> float:
-    """Token-mean NLL of `model` on `examples` over their loss tokens (no update)."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    batches = micro_batches(examples, micro_batch_size, pad)
-    n = num_targets(batches)
-    total = 0.0
-    for mb in batches:
-        ids = mb["input_ids"].to(device)
-        logits = model(input_ids=ids).logits[:, :-1]
-        total += float(sft_loss(token_logprobs(logits, ids[:, 1:]), mb["loss_mask"][:, 1:].to(device), n))
-    model.train(was_training)
-    return total
-
-
-def dataset_nll(model_path: str, cfg: SFTConfig, device: str = "cpu") -> float:
-    """NLL of the model at `model_path` on the whole configured dataset (for before/after checks)."""
-    tok = AutoTokenizer.from_pretrained(model_path)
-    ds = load_dataset(cfg.data)
-    examples = [encode(tok, row, ds.format, cfg.data.max_seq_len) for row in ds.rows]
-    model = load_model(model_path, cfg.model.dtype, torch.device(device))
-    return evaluate_nll(model, examples, pad_id(tok), cfg.data.micro_batch_size)
-
-
-def _progress(enabled: bool) -> Progress | nullcontext:
-    if not enabled:
-        return nullcontext()
-    return Progress(
-        TextColumn("[bold]sft[/] step"),
-        MofNCompleteColumn(),
-        BarColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-    )
-
-
-def _discard_after(store: RunStore, start: int) -> None:
-    """Metrics and weights a dead previous life wrote past its last checkpoint are redone."""
-    for s in metric_steps(store):
-        if s >= start:
-            store.fs.rm(store.path(f"metrics/step_{s}.json"))
-    for s in store.complete_steps("weights"):
-        if s >= start:
-            store.remove(step_dir("weights", s))
-
-
 def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     """Train from the latest checkpoint to `max_steps`; returns the summary (also in summary.json).
 
@@ -149,19 +89,17 @@ def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     """
     t0 = time.perf_counter()
     tc = cfg.trainer
-    store = RunStore(cfg.output_dir)
+    store = run_store(cfg.output_dir)
     ckpt = latest_checkpoint(store)
     start = 0 if ckpt is None else ckpt["step"] + 1
     if start >= cfg.max_steps:
         return write_sft_report(store, cfg, time.perf_counter() - t0)
-    path = cfg.model.path if ckpt is None else checkpoint_model_path(store, ckpt["step"])
-    par, policy, optimizer = build(cfg.trainer_job(), path)
+    trainer_job = cfg.trainer_job()
+    par, policy, optimizer = build_resumed(trainer_job, store, ckpt)
     try:
         if par.is_main:
-            _discard_after(store, start)
+            discard_stale(store, start)  # metrics and weights a dead previous life wrote past it
         par.barrier()
-        if ckpt is not None:
-            load_trainer_state(store, ckpt["step"], policy, optimizer, par.device)
         ds = load_dataset(cfg.data)
         tok = AutoTokenizer.from_pretrained(cfg.model.path)
         log.info(
@@ -174,7 +112,8 @@ def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
             start,
             cfg.max_steps - 1,
         )
-        with _progress(progress and par.is_main) as bar:
+        shown = progress and par.is_main
+        with step_progress("sft", "loss {task.fields[loss]}") if shown else nullcontext() as bar:
             job = bar.add_task("sft", total=cfg.max_steps, completed=start, loss="-") if bar else None
             for step in range(start, cfg.max_steps):
                 s0 = time.perf_counter()
@@ -197,12 +136,7 @@ def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
                         metrics["loss_tokens"],
                         metrics["seconds"],
                     )
-                if is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
-                    save_checkpoint(
-                        store, step, policy, optimizer, {"next_step": step + 1}, cfg.model.path, par
-                    )
-                    if par.is_main:
-                        prune_checkpoints(store, tc.keep_checkpoints)
+                checkpoint_if_due(store, trainer_job, step, policy, optimizer, {"next_step": step + 1}, par)
                 if step == cfg.max_steps - 1:
                     publish_weights(store, step, policy, cfg.model.path, par)
                     if par.is_main:
@@ -215,23 +149,18 @@ def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     return write_sft_report(store, cfg, time.perf_counter() - t0) if par.is_main else {}
 
 
-def metric_steps(store: RunStore) -> list[int]:
-    if not store.exists("metrics"):
-        return []
-    names = [p.rsplit("/", 1)[-1] for p in store.fs.ls(store.path("metrics"), detail=False)]
-    return sorted(int(n[5:-5]) for n in names if n.startswith("step_") and n.endswith(".json"))
-
-
 def write_sft_report(store: RunStore, cfg: SFTConfig, wall_seconds: float) -> dict[str, Any]:
-    steps = [store.read_json(f"metrics/step_{s}.json") for s in metric_steps(store) if s < cfg.max_steps]
+    steps = [
+        store.read_json(f"metrics/step_{s}.json") for s in store.json_steps("metrics") if s < cfg.max_steps
+    ]
     losses = [s["loss"] for s in steps]
     weights = store.complete_steps("weights")
     summary = {
         "steps": steps,
         "wall_seconds": wall_seconds,
         "config": store.path("configs/sft.toml"),
-        "first3_mean_loss": _mean(losses[:3]),
-        "last3_mean_loss": _mean(losses[-3:]),
+        "first3_mean_loss": mean_or_none(losses[:3]),
+        "last3_mean_loss": mean_or_none(losses[-3:]),
         "weights": store.path(step_dir("weights", weights[-1])) if weights else None,
         "loss_curve": store.path("loss_curve.png") if steps else None,
     }
@@ -241,7 +170,3 @@ def write_sft_report(store: RunStore, cfg: SFTConfig, wall_seconds: float) -> di
         )
     store.write_json("summary.json", summary)
     return summary
-
-
-def _mean(xs: list[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None

@@ -2,7 +2,7 @@
 
 The vocabulary is one token per printable ASCII character plus specials, padded to the model's
 vocab size so every id vLLM can sample decodes to something. head_dim is 64 because vLLM's CPU
-attention rejects 16 (DESIGN.md).
+attention rejects 16.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 CHARS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]  # 95 printable + "\n"
 # An assistant turn ends with EOS (as Qwen's ends with <|im_end|>), so a chat-trained model stops.
 # Tools are listed by name only (a character-level model has no room for JSON schemas); tool
-# calls render in the Hermes format that `rlfleet.orchestrator.chat.parse_assistant` reads back.
+# calls render in the Hermes format that `rlfleet.chat.parse_assistant` reads back.
 CHAT_TEMPLATE = (
     "{% if tools %}<tools>{% for t in tools %}{{ (t.function or t).name }}"
     "{% if not loop.last %},{% endif %}{% endfor %}{{ '\\n' }}{% endif %}"

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlfleet.config.placement import visible_gpus
 from rlfleet.workers.leases import ensure_gpu_limits
-from rlfleet.workers.placement import visible_gpus
 
 POOL = "rlfleet-local"
 PREFECT_FILE = "deployments/prefect.yaml"

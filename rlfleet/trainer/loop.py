@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from rlfleet.batches import load_micro_batches
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import is_transient
-from rlfleet.orchestrator.batch import load_micro_batches
-from rlfleet.store import RunStore, step_dir
+from rlfleet.store import RunStore, run_store, step_dir
 from rlfleet.trainer.checkpoint import (
     checkpoint_model_path,
     latest_checkpoint,
@@ -107,15 +107,41 @@ def build(
     return par, policy, make_optimizer(policy, tc)
 
 
-def run_trainer(cfg: TrainerJobConfig) -> None:
-    store = RunStore(cfg.output_dir)
-    ckpt = latest_checkpoint(store)
-    start = 0 if ckpt is None else ckpt["step"] + 1
-    par, model, optimizer = build(
+def build_resumed(
+    cfg: TrainerJobConfig, store: RunStore, ckpt: dict[str, Any] | None
+) -> tuple[Parallel, Policy, torch.optim.Optimizer]:
+    """`build` from checkpoint `ckpt` (its model, then its optimizer state), or the base model if None."""
+    par, policy, optimizer = build(
         cfg, cfg.model.path if ckpt is None else checkpoint_model_path(store, ckpt["step"])
     )
     if ckpt is not None:
-        load_trainer_state(store, ckpt["step"], model, optimizer, par.device)
+        load_trainer_state(store, ckpt["step"], policy, optimizer, par.device)
+    return par, policy, optimizer
+
+
+def checkpoint_if_due(
+    store: RunStore,
+    cfg: TrainerJobConfig,
+    step: int,
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    cursor: dict[str, Any],
+    par: Parallel,
+) -> None:
+    """Checkpoint every `checkpoint_interval` steps and at the last; rank 0 then prunes old ones."""
+    tc = cfg.trainer
+    if not is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
+        return
+    save_checkpoint(store, step, policy, optimizer, cursor, cfg.model.path, par)
+    if par.is_main:
+        prune_checkpoints(store, tc.keep_checkpoints)
+
+
+def run_trainer(cfg: TrainerJobConfig) -> None:
+    store = run_store(cfg.output_dir)
+    ckpt = latest_checkpoint(store)
+    start = 0 if ckpt is None else ckpt["step"] + 1
+    par, model, optimizer = build_resumed(cfg, store, ckpt)
     log.info(
         "trainer rank %d/%d on %s, starting at step %d (checkpoint: %s)",
         par.rank,
@@ -163,13 +189,10 @@ def _train_one(
     t_pub = time.perf_counter()
     publisher.publish(step, model)
     metrics["publish_seconds"] = time.perf_counter() - t_pub
-    if is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
-        save_checkpoint(store, step, model, optimizer, batch_manifest["cursor"], cfg.model.path, par)
+    checkpoint_if_due(store, cfg, step, model, optimizer, batch_manifest["cursor"], par)
     if not par.is_main:
         publisher.serve(step)
         return
-    if is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
-        prune_checkpoints(store, tc.keep_checkpoints)
     metrics.update(
         step=step,
         reward_mean=batch_manifest["reward_mean"],

@@ -1,0 +1,156 @@
+"""Trainer micro-batches: the one format the orchestrator writes and the trainer reads.
+
+records -> micro-batches -> files. A record is a trajectory's token fields (`input_ids`,
+`loss_mask`, `logprobs`) plus its GRPO `advantage`. `batches/step_N/micro_K.safetensors` holds
+tensors aligned to token positions:
+  input_ids [B, L]      the trajectory (prompt, model turns, tool/env turns), right-padded with pad_id
+  loss_mask [B, L]      1 where the token at that position was sampled by the model, 0 elsewhere
+  old_logprobs [B, L]   the sampler's logprob of that token (0 elsewhere)
+  advantages [B]        GRPO advantage of the sequence
+With seq_len > 0 sequences are packed instead: rows of exactly seq_len tokens holding several
+sequences, `position_ids [R, L]` restarting at each one, and `advantages [R, L]` per token.
+
+Packing: position ids restart at 0 at every sequence start. transformers reads restarts as
+sequence boundaries: sdpa/eager get a block-diagonal causal mask, flash-attention runs varlen, so
+no token attends across samples and each sample sees the positions it would see alone. A row's
+tail padding is its own pseudo-sequence that carries no loss. The next-token shift crosses a
+boundary only at a sequence's first token, which is always a prompt (or BOS) token and never a
+loss target, so no loss is taken across samples either. SFT packs its examples the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load, save_file
+
+from rlfleet.store import RunStore, step_dir
+
+
+def first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Indices grouped into rows of at most `capacity` tokens (first-fit decreasing, stable)."""
+    too_long = [n for n in lengths if n > capacity]
+    if too_long:
+        raise ValueError(f"a sequence of {max(too_long)} tokens does not fit a packed row of {capacity}")
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        for r, room in enumerate(free):
+            if lengths[i] <= room:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(capacity - lengths[i])
+    return rows
+
+
+def pack_rows(
+    seqs: Sequence[dict[str, Sequence[float]]],
+    rows: list[list[int]],
+    width: int,
+    pad: dict[str, float],
+    dtypes: dict[str, torch.dtype],
+) -> dict[str, torch.Tensor]:
+    """[len(rows), width] tensors of each per-token field, plus `position_ids`.
+
+    `seqs[i][field]` are token-aligned lists of one sequence; `pad[field]` fills the tail.
+    """
+    out = {k: torch.full((len(rows), width), pad[k], dtype=dtypes[k]) for k in pad}
+    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, members in enumerate(rows):
+        at = 0
+        for i in members:
+            n = len(seqs[i]["input_ids"])
+            for k in pad:
+                out[k][r, at : at + n] = torch.tensor(seqs[i][k], dtype=dtypes[k])
+            pos[r, at : at + n] = torch.arange(n)
+            at += n
+        pos[r, at:] = torch.arange(width - at)
+    out["position_ids"] = pos
+    return out
+
+
+def padded(records: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+    """One micro-batch, one sequence per row, right-padded to the longest with pad_id (no packing)."""
+    length = max(len(r["input_ids"]) for r in records)
+    n = len(records)
+    input_ids = torch.full((n, length), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros((n, length), dtype=torch.float32)
+    old_logprobs = torch.zeros((n, length), dtype=torch.float32)
+    for i, r in enumerate(records):
+        k = len(r["input_ids"])
+        input_ids[i, :k] = torch.tensor(r["input_ids"])
+        loss_mask[i, :k] = torch.tensor(r["loss_mask"], dtype=torch.float32)
+        old_logprobs[i, :k] = torch.tensor(r["logprobs"], dtype=torch.float32)
+    advantages = torch.tensor([r["advantage"] for r in records], dtype=torch.float32)
+    return {
+        "input_ids": input_ids,
+        "loss_mask": loss_mask,
+        "old_logprobs": old_logprobs,
+        "advantages": advantages,
+    }
+
+
+def _tokens(r: dict[str, Any]) -> dict[str, list[float]]:
+    return {
+        "input_ids": r["input_ids"],
+        "loss_mask": [float(m) for m in r["loss_mask"]],
+        "old_logprobs": list(r["logprobs"]),
+        "advantages": [r["advantage"]] * len(r["input_ids"]),
+    }
+
+
+PACK_PAD = {"input_ids": 0, "loss_mask": 0.0, "old_logprobs": 0.0, "advantages": 0.0}
+PACK_DTYPES = {k: torch.long if k == "input_ids" else torch.float32 for k in PACK_PAD}
+
+
+def packed_micro_batches(
+    records: list[dict[str, Any]], pad_id: int, seq_len: int, rows_per_micro: int
+) -> list[dict[str, torch.Tensor]]:
+    """Records packed into rows of `seq_len` tokens, `rows_per_micro` rows per micro-batch."""
+    seqs = [_tokens(r) for r in records]
+    rows = first_fit([len(s["input_ids"]) for s in seqs], seq_len)
+    pad = {**PACK_PAD, "input_ids": pad_id}
+    return [
+        pack_rows(seqs, rows[i : i + rows_per_micro], seq_len, pad, PACK_DTYPES)
+        for i in range(0, len(rows), rows_per_micro)
+    ]
+
+
+def micro_batches(
+    records: list[dict[str, Any]], pad_id: int, micro_batch_size: int, seq_len: int = 0
+) -> list[dict[str, torch.Tensor]]:
+    """Packed rows (seq_len > 0, `micro_batch_size` rows each) or padded sequences sorted by length,
+    so that padding inside a micro-batch stays small (`micro_batch_size` sequences each)."""
+    if seq_len:
+        return packed_micro_batches(records, pad_id, seq_len, micro_batch_size)
+    ordered = sorted(records, key=lambda r: len(r["input_ids"]))
+    return [
+        padded(ordered[i : i + micro_batch_size], pad_id) for i in range(0, len(ordered), micro_batch_size)
+    ]
+
+
+def write_micro_batches(stage: Path, micro: list[dict[str, torch.Tensor]]) -> None:
+    """A step's micro-batches as files in its batch's staging directory.
+
+    Every trainer rank reads all of them and trains its share (trainer/train.py).
+    """
+    for k, tensors in enumerate(micro):
+        save_file(tensors, str(stage / f"micro_{k}.safetensors"))
+
+
+def load_micro_batches(store: RunStore, step: int) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
+    """The published `batches/step_N` (verified): its manifest and its micro-batches."""
+    rel = step_dir("batches", step)
+    manifest = store.manifest(rel, verify=True)
+    if manifest is None:
+        raise FileNotFoundError(f"{rel} is not published")
+    micro = []
+    for k in range(manifest["micro_batches"]):
+        micro.append(load(store.read_bytes(f"{rel}/micro_{k}.safetensors")))
+    return manifest, micro

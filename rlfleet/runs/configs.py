@@ -1,0 +1,61 @@
+"""What a run checks and writes before anything starts: preflight and the resolved configs."""
+
+from __future__ import annotations
+
+from rlfleet.config.checks import check_model, check_output_dir, check_ports, raise_if
+from rlfleet.config.deployment import slurm_missing
+from rlfleet.config.loader import ConfigError, to_toml
+from rlfleet.config.models import RLConfig
+from rlfleet.config.placement import assign_gpus
+from rlfleet.orchestrator.envs import check_envs
+from rlfleet.store import run_store
+
+
+def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> dict[str, str]:
+    """Write rl.toml and the trainer / inference sub-configs to `<output_dir>/configs/`.
+
+    A remote store also gets a local copy (`<local_dir>/configs/`) that child processes read.
+    On multi_node the trainer and inference configs are the nodes' (rlfleet/slurm/submit.py): kept.
+    """
+    store = run_store(cfg.output_dir)
+    jobs = {"rl": cfg}
+    if cfg.deployment.type == "single_node":
+        jobs["trainer"] = cfg.trainer_job(trainer_gpus)
+        jobs["inference"] = cfg.inference_job(inference_gpus)
+    paths = {}
+    for name, job in jobs.items():
+        store.write_text(f"configs/{name}.toml", to_toml(job))
+        if not store.is_local:
+            local = store.local_dir / "configs" / f"{name}.toml"
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(to_toml(job))
+        paths[name] = store.uri(f"configs/{name}.toml")
+    return paths
+
+
+def preflight(cfg: RLConfig) -> tuple[list[str], list[str]]:
+    """Check everything checkable before anything starts; returns (inference GPUs, trainer GPUs)."""
+    problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_ports(cfg.inference)
+    problems += check_envs(cfg.orchestrator.env, "orchestrator.env")
+    if cfg.eval.interval:
+        problems += check_envs(cfg.eval.env, "eval.env")
+    # The flow never submits: a multi_node controller is the one inside the job, given its urls.
+    if problem := slurm_missing(cfg.deployment, None, cfg.inference.urls):
+        problems.append(problem)
+    try:
+        gpus = assign_gpus(cfg.deployment)
+    except ConfigError as e:
+        problems.append(str(e))
+        gpus = ([], [])
+    ipc = cfg.weights.transport == "cuda_ipc"
+    needs_shared_gpu = {
+        "weights.transport: cuda_ipc maps the trainer's GPU memory into vLLM, so it": ipc,
+        "inference.sleep": cfg.inference.sleep,
+    }
+    for field, on in needs_shared_gpu.items():
+        if on and not set(gpus[0]) & set(gpus[1]):
+            problems.append(
+                f"{field} needs vLLM and the trainer on one GPU; they got {gpus[0] or 'none'} and {gpus[1] or 'none'}"
+            )
+    raise_if(problems)
+    return gpus

@@ -1,0 +1,25 @@
+"""One controller per run: a pidfile in the run's local directory."""
+
+from __future__ import annotations
+
+import os
+
+from rlfleet.config.loader import ConfigError
+from rlfleet.procs import pid_alive, write_pidfile
+from rlfleet.store import RunStore
+
+
+def acquire_run_lock(store: RunStore) -> None:
+    """One controller per run: a second one would reap the first one's trainer and servers.
+
+    For a remote store the lock lives in this machine's cache, so it guards this machine only.
+    """
+    lock = store.local_dir / "run" / "controller.pid"
+    owner = pid_alive(lock)
+    if owner is not None and owner != os.getpid():
+        raise ConfigError(f"output_dir: {store.url} is in use by a running controller (pid {owner})")
+    write_pidfile(lock, os.getpid())
+
+
+def release_run_lock(store: RunStore) -> None:
+    (store.local_dir / "run" / "controller.pid").unlink(missing_ok=True)

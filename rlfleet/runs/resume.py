@@ -1,0 +1,34 @@
+"""Where a run resumes, and the work of a dead life past its last checkpoint that it cannot reuse."""
+
+from __future__ import annotations
+
+from rlfleet.store import RunStore, step_dir
+from rlfleet.trainer.checkpoint import latest_checkpoint
+
+
+def resume_step(store: RunStore) -> int:
+    """First step to run: one past the latest complete checkpoint, or 0."""
+    ckpt = latest_checkpoint(store)
+    return 0 if ckpt is None else ckpt["step"] + 1
+
+
+def discard_stale(store: RunStore, start: int) -> list[str]:
+    """Remove work a previous life did past its last checkpoint that a resumed run cannot reuse
+    (an RL or an SFT run: SFT has weights and metrics only).
+
+    Weights and metrics for steps >= start are redone by the resumed trainer. Rollouts and batches
+    for `start` were sampled from the checkpointed weights and stay; later ones came from weights
+    that are about to be recomputed, so they go.
+    """
+    removed = []
+    for kind, first in (("weights", start), ("rollouts", start + 1), ("batches", start + 1)):
+        for s in store.complete_steps(kind):
+            if s >= first:
+                store.remove(step_dir(kind, s))
+                removed.append(step_dir(kind, s))
+    for kind in ("metrics", "steps", "sync"):  # sync/: a dead trainer's weight tickets
+        for s in store.json_steps(kind):
+            if s >= start:
+                store.fs.rm(store.path(f"{kind}/step_{s}.json"))
+                removed.append(f"{kind}/step_{s}.json")
+    return removed
