@@ -1,10 +1,11 @@
-"""Flow `rl`: preflight, resume, then per step rollout -> aggregate -> train -> broadcast -> checkpoint.
+"""Flow `rl`: preflight, resume, then per step three tasks: rollout-N (sample, score, batch) ->
+train-N (the trainer's step, its checkpoint checked) -> broadcast_weights-N.
 
 The flow holds no tensors: tasks return manifests and the data moves through the run store. A
 rerun with the same output_dir resumes one step past the latest complete checkpoint.
 
 Async off-policy (`orchestrator.max_async_level` = k > 0): while the trainer works on step N,
-rollouts (and their aggregation into batches) for N+1..N+k run as task futures on the weights the
+rollouts (with their batches) for N+1..N+k run as task futures on the weights the
 pool holds, as long as those are within k of each rollout's on-policy weights (N-1 for step N). Rollouts and broadcasts are
 serialized on the pool: weights N are broadcast once train N is done and no rollout is in flight,
 so every sample records exactly the version that produced it. k = 0 submits nothing ahead.
@@ -38,9 +39,7 @@ from rlfleet.runs.status import step_records
 from rlfleet.store import run_store
 from rlfleet.tasks.eval import evaluate_policy
 from rlfleet.tasks.rl import (
-    aggregate,
     broadcast_weights,
-    checkpoint,
     launch_inference_pool,
     retry_options,
     rollout,
@@ -99,7 +98,7 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
         {**cfg.model_dump(mode="json"), **prefect_run},
     )
     live = LiveArtifacts(store, cfg.name, cfg.max_steps, start)
-    ahead: dict[int, tuple[PrefectFuture, PrefectFuture]] = {}  # (rollout, aggregate) of later steps
+    ahead: dict[int, PrefectFuture] = {}  # rollouts of later steps
     steps: list[dict[str, Any]] = step_records(store)  # a resumed run's earlier steps stay on the curve
     try:
         served, after = start - 1, []  # the weight version the pool holds; what rollouts wait for
@@ -141,7 +140,7 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
                 )
     finally:
         shutdown_pool(cfg.output_dir)  # a rollout still in flight fails fast: the pool is closed
-        wait([f for pair in ahead.values() for f in pair], timeout=60)
+        wait(list(ahead.values()), timeout=60)
         stop_trainer(cfg.output_dir)
         sync_logs(store)
         release_run_lock(store)
@@ -169,7 +168,7 @@ def _step(
     step: int,
     start: int,
     served: int,
-    ahead: dict[int, tuple[PrefectFuture, PrefectFuture]],
+    ahead: dict[int, PrefectFuture],
     after: list[State],
 ) -> tuple[dict[str, Any], dict[str, Any], int, list[State]]:
     """One step; returns its record, the trainer's metrics, the weight version now served and the
@@ -177,8 +176,7 @@ def _step(
 
     The config goes to every task `quote`d: Prefect would otherwise link task inputs to earlier
     results through objects inside it, and draw edges the step does not have. The real ones are
-    `wait_for`: rollout <- the previous broadcast, aggregate <- rollout, train <- aggregate,
-    broadcast and checkpoint <- train."""
+    `wait_for`: rollout <- the previous broadcast, train <- rollout, broadcast <- train."""
     s0 = time.perf_counter()
     c = quote(cfg)
     opts = retry_options(cfg)
@@ -189,49 +187,39 @@ def _step(
     walls: dict[str, float] = {}  # each phase as the flow sees it (benchmarks/control_plane.py)
     t = time.perf_counter()
     k = cfg.orchestrator.max_async_level
+    rolled: State | PrefectFuture
     if step in ahead:
-        fut, agg = ahead.pop(step)
-        roll = fut.result()
-        t = _lap(walls, "rollout", t)
-        agg.result()
-        batches: list[Any] = [agg]
+        rolled = ahead.pop(step)
+        roll = rolled.result()
     else:  # k = 0, or the first step: called in the flow's thread, exactly as on-policy always was
         rolled = rollout.with_options(**kept)(c, inf_gpus, step, wait_for=after, return_state=True)
         roll = rolled.result()
-        t = _lap(walls, "rollout", t)
-        batches = [aggregate.with_options(**kept)(c, step, wait_for=[edge(rolled)], return_state=True)]
-        batches[0].result()
-    t = _lap(walls, "aggregate", t)
+    t = _lap(walls, "rollout", t)
     if k == 0:
-        trained = train.with_options(**redo)(
-            c, train_gpus, step, wait_for=[edge(b) for b in batches], return_state=True
-        )
+        trained = train.with_options(**redo)(c, train_gpus, step, wait_for=[edge(rolled)], return_state=True)
     else:
         # Futures run in worker threads, where Prefect cannot enforce timeout_seconds: the train
         # task's own wait (step_timeout_s) and the sampler's request timeout bound them instead.
         trained = train.with_options(**dict(redo, timeout_seconds=None)).submit(
-            c, train_gpus, step, wait_for=batches
+            c, train_gpus, step, wait_for=[rolled]
         )
         # Overlap: sample (and batch) the next steps on the weights served now while the trainer
         # works on `step`; the trainer takes batch N+1 as soon as it is published.
         for s in range(step + 1, min(step + k, cfg.max_steps - 1) + 1):
             if s not in ahead and usable(s, served, k):
-                before = [ahead[s - 1][0]] if s - 1 in ahead else after  # one rollout at a time
+                before = [ahead[s - 1]] if s - 1 in ahead else after  # one rollout at a time
                 later = dict(opts, refresh_cache=s > start, timeout_seconds=None)
-                r = rollout.with_options(**later).submit(c, inf_gpus, s, wait_for=before)
-                ahead[s] = (r, aggregate.with_options(**later).submit(c, s, wait_for=[r]))
+                ahead[s] = rollout.with_options(**later).submit(c, inf_gpus, s, wait_for=before)
     metrics = trained.result()
     t = _lap(walls, "train", t)
-    wait([r for r, _ in ahead.values()])  # broadcast between rollouts, never under one
+    wait(list(ahead.values()))  # broadcast between rollouts, never under one
     t = _lap(walls, "wait_rollouts", t)
-    in_flight = [r for r, _ in ahead.values()]
+    in_flight = list(ahead.values())
     casted = broadcast_weights.with_options(**opts)(
         c, inf_gpus, step, wait_for=[edge(trained), *in_flight], return_state=True
     )
     cast = casted.result()
     t = _lap(walls, "broadcast", t)
-    checkpoint.with_options(**redo)(c, step, wait_for=[edge(trained)], return_state=True).result()
-    t = _lap(walls, "checkpoint", t)
     evaluated = None
     if cfg.eval.interval and (step + 1) % cfg.eval.interval == 0:
         evaluated = evaluate_policy.with_options(**redo)(c, inf_gpus, step, wait_for=[edge(casted)])

@@ -96,8 +96,9 @@ def launch_inference_pool(cfg: RLConfig, gpu_ids: list[str], resume_from: int) -
 
 @task(name="rollout", task_run_name="rollout-{step}", cache_key_fn=step_key)
 def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
-    """Sample step N on the weights the pool serves; a published rollout is reused while its
-    weights are within `max_async_level` of N-1, else redone (and its stale batches dropped)."""
+    """Sample step N on the weights the pool serves and publish its batches (`batches` in the
+    result). A published rollout is reused while its weights are within `max_async_level` of
+    N-1, else redone (and its stale batches dropped)."""
     store = _store(cfg)
     k = cfg.orchestrator.max_async_level
     existing = store.manifest(step_dir("rollouts", step))
@@ -105,7 +106,7 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     if existing is not None:
         if usable(step, existing["policy_step"], k):
             pool.sleep()  # inference.sleep: the trainer gets the GPU until the next broadcast
-            return brief(existing)
+            return brief(existing) | {"batches": aggregate(cfg, step)}
         store.remove(step_dir("batches", step))
     # The flow submits a rollout only on usable weights; a task run outside that schedule (a
     # direct call, a bug) must not publish samples that aggregate would refuse.
@@ -143,11 +144,11 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
             step=step,
             resent_samples=out["resent_samples"],
         )
-    return out
+    return out | {"batches": aggregate(cfg, step)}
 
 
-@task(name="aggregate", task_run_name="aggregate-{step}", cache_key_fn=step_key)
 def aggregate(cfg: RLConfig, step: int) -> dict[str, Any]:
+    """Step N's rollout as the trainer's micro-batches (advantages, staleness, padding)."""
     store = _store(cfg)
     if (existing := store.manifest(step_dir("batches", step))) is not None:
         return brief(existing)
@@ -181,7 +182,8 @@ def start_trainer(cfg: RLConfig, gpu_ids: list[str]) -> dict[str, Any]:
 
 @task(name="train", task_run_name="train-{step}", cache_key_fn=step_key)
 def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
-    """Make sure the long-lived trainer runs, then wait for it to finish step N (or die)."""
+    """Make sure the long-lived trainer runs, then wait for it to finish step N (or die); on a
+    checkpoint step, check its checkpoint (`checkpoint` in the result)."""
     store = _store(cfg)
     trainer = _trainer(cfg, gpu_ids)
     if (exit_code := trainer.ensure()) is not None:
@@ -209,7 +211,7 @@ def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
         metrics.get("step_seconds", 0.0),
         store.local_dir / "logs" / "trainer" / "rank_0.log",
     )
-    return metrics
+    return metrics | {"checkpoint": checkpoint(cfg, step)}
 
 
 @task(name="broadcast_weights", task_run_name="broadcast_weights-{step}", cache_policy=NO_CACHE)
@@ -226,7 +228,6 @@ def broadcast_weights(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str,
     return {**out, "fetch_seconds": fetch, "seconds": out["seconds"] + fetch}
 
 
-@task(name="checkpoint", task_run_name="checkpoint-{step}", cache_key_fn=step_key)
 def checkpoint(cfg: RLConfig, step: int) -> dict[str, Any] | None:
     """Check that the trainer's checkpoint for a checkpoint step is complete; None on other steps.
     Sizes only: the trainer hashed the files as it wrote them, and the sha256s are checked where a
