@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -31,22 +32,44 @@ pytestmark = pytest.mark.e2e
 
 
 class KillWhen(threading.Thread):
-    """Once `trigger` exists, SIGKILL the process group a pidfile names; remember when."""
+    """Once `trigger` exists, SIGKILL the process group a pidfile names; remember when. With
+    `then`, the group is frozen (SIGSTOP) at the trigger and killed once `then()` is true, so
+    it dies after whatever `then` waits for and before it could finish its own work."""
 
-    def __init__(self, trigger: Path, pidfile: Path):
+    def __init__(self, trigger: Path, pidfile: Path, then: Callable[[], bool] | None = None):
         super().__init__(daemon=True)
-        self.trigger, self.pidfile = trigger, pidfile
+        self.trigger, self.pidfile, self.then = trigger, pidfile, then
         self.killed_at: float | None = None  # wall clock, comparable with file mtimes
         self.pid: int | None = None
+        self.errors: list[str] = []  # what `then` raised
+        self.context = contextvars.copy_context()  # Prefect's settings (its API URL) live in contextvars
 
     def run(self) -> None:
         deadline = time.monotonic() + 600
         while not self.trigger.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         self.pid = pid_alive(self.pidfile)
-        if self.pid is not None:
+        if self.pid is None:
+            return
+        try:
+            if self.then is not None:
+                os.killpg(self.pid, signal.SIGSTOP)
+                until = time.monotonic() + 120  # never leave it frozen: the run would hang
+                while not self._then():
+                    if time.monotonic() > until:
+                        self.errors.append("`then` was not true within 120 s")
+                        break
+                    time.sleep(0.05)
+        finally:
             os.killpg(self.pid, signal.SIGKILL)
             self.killed_at = time.time()
+
+    def _then(self) -> bool:
+        try:
+            return bool(self.context.run(self.then))
+        except Exception as e:  # noqa: BLE001 - a failed look is a "not yet", remembered for the test
+            self.errors.append(repr(e))
+            return False
 
 
 def run_and_kill(cfg, trigger: Path, pidfile: Path):

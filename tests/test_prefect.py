@@ -18,6 +18,7 @@ from uuid import UUID
 
 import pytest
 from prefect import get_client
+from prefect.client.schemas.objects import StateType
 
 from rlfleet.config.loader import load
 from rlfleet.config.models import EvalJobConfig
@@ -99,10 +100,19 @@ def test_deployment_run_fails_then_retry_reruns_only_unfinished_tasks(worker, ti
     out = tmp_path / "run"
     cfg = rl_config(tiny_model, out, 3, **{"tasks.retries": "0"})
     params = json.dumps(cfg.model_dump(mode="json"))
-    killer = KillWhen(out / "batches/step_1/manifest.json", out / "run/trainer.pid")
+    # The trainer starts step 1 as soon as its batches are published, which is before the train-1
+    # task asks whether the trainer is alive (a dead one would be relaunched there, and the run
+    # would not fail). So it is frozen at the batches and killed once train-1 is running.
+    ids: dict[str, UUID] = {}
+
+    def train_1_running() -> bool:
+        runs = task_runs(ids["run"]) if "run" in ids else []
+        return any(t.name == "train-1" and t.state_type == StateType.RUNNING for t in runs)
+
+    killer = KillWhen(out / "batches/step_1/manifest.json", out / "run/trainer.pid", then=train_1_running)
     killer.start()
     text = prefect_cli("deployment", "run", "rl/main", "--param", f"config={params}", cwd=ROOT, timeout=300)
-    run_id = UUID(text.split("UUID:")[1].split()[0])
+    run_id = ids["run"] = UUID(text.split("UUID:")[1].split()[0])
     wait_final(run_id)
     # The engine sets Failed; then the worker sees the process's exit code 1 and proposes Crashed,
     # which Prefect's server at times accepts over Failed. A retry sent before that proposal is
@@ -116,6 +126,7 @@ def test_deployment_run_fails_then_retry_reruns_only_unfinished_tasks(worker, ti
     )
     time.sleep(2)  # its crash proposal follows that line
     first = flow_run(run_id)
+    assert not killer.errors, killer.errors
     assert killer.killed_at is not None and (first.state.is_failed() or first.state.is_crashed()), first.state
 
     prefect_cli("flow-run", "retry", str(run_id), cwd=ROOT, timeout=300)
