@@ -21,12 +21,20 @@ GRACE_S = 10.0
 def main(argv: list[str]) -> int:
     child = subprocess.Popen(argv)  # same session and group as the guard, same stdio
 
+    def exited() -> bool:
+        # Not child.poll(): this handler interrupts child.wait(), which holds the lock poll()
+        # needs, so poll() says "running" until the deadline even after the child has exited.
+        try:
+            return os.waitpid(child.pid, os.WNOHANG)[0] != 0
+        except ChildProcessError:
+            return True
+
     def down(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         os.killpg(0, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_S
-        while child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
+        while not exited() and time.monotonic() < deadline:
+            time.sleep(0.05)
         os.killpg(0, signal.SIGKILL)
 
     signal.signal(signal.SIGTERM, down)
