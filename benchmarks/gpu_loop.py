@@ -50,9 +50,19 @@ def steady_steps_per_min(timed: list[dict[str, Any]]) -> float:
 
 
 def vllm_start(out: Path) -> dict[str, Any]:
+    """KV cache size, and vLLM's own timing lines of its start (weights, compile, graph capture)."""
     log = (out / "logs" / "inference" / "replica_0.log").read_text(errors="replace")
     kv = re.findall(r"KV cache size: ([\d,]+) tokens", log)
-    return {"kv_cache_tokens": int(kv[-1].replace(",", "")) if kv else None}
+    timing = re.compile(r"took [\d.]+ ?s|takes [\d.]+ ?s|finished in [\d.]+ ?s|took [\d.]+ seconds")
+    lines = [ln.split("] ", 1)[-1] for ln in log.splitlines() if timing.search(ln)]
+    return {"kv_cache_tokens": int(kv[-1].replace(",", "")) if kv else None, "vllm_start_lines": lines[:30]}
+
+
+def checkpoint_seconds(out: Path) -> dict[int, float]:
+    """Seconds each checkpoint step's trainer spent on its checkpoint (the copy; the write is
+    in the background, except the last step's)."""
+    metrics = [json.loads(p.read_text()) for p in (out / "metrics").glob("step_*.json")]
+    return {m["step"]: m["checkpoint_seconds"] for m in metrics if "checkpoint_seconds" in m}
 
 
 def main() -> None:
@@ -101,6 +111,7 @@ def main() -> None:
                     "median_trainer_s": median([r["trainer_seconds"] for r in timed]),
                     "flow_wall_s": wall,
                     "command_wall_s": time.perf_counter() - t0,
+                    "checkpoint_s": checkpoint_seconds(out),
                     **vllm_start(out),
                     "records": records,
                 }

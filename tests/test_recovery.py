@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import httpx
 import pytest
@@ -167,3 +168,55 @@ def test_status_reports_resume_point(store_with_checkpoints):
     s = status(store_with_checkpoints.url)
     assert s["checkpoints"] == "1,3" and s["resume_checkpoint"] == 3 and s["resume_step"] == 4
     assert spans([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+def test_background_checkpoint_holds_the_state_at_save_and_failures_surface(
+    tiny_model, tmp_path, monkeypatch
+):
+    """The trainer goes on while a checkpoint is written: the checkpoint is the state at `save`,
+    not at the write; a failed write raises in the trainer's thread, naming the step."""
+    import threading
+
+    from rlfleet.trainer.checkpointer import Checkpointer
+    from rlfleet.trainer.parallel import Parallel
+
+    store = RunStore(tmp_path / "run")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
+    opt.step()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_opt = [s["exp_avg"].clone() for s in opt.state.values()]
+
+    release, real_publish = threading.Event(), store.publish_dir
+    monkeypatch.setattr(store, "publish_dir", lambda *a, **k: release.wait(30) and real_publish(*a, **k))
+    ckpt = Checkpointer(store, str(tiny_model), keep=0, par=Parallel())
+    ckpt.save(1, model, opt, {"next_step": 2})
+    with torch.no_grad():  # the next step changes everything while the write is held back
+        for p in model.parameters():
+            p.add_(1.0)
+        for s in opt.state.values():
+            s["exp_avg"].add_(1.0)
+    ckpt.check()  # still in flight: nothing to raise
+    assert store.manifest("checkpoints/step_1") is None
+    release.set()
+    ckpt.wait()
+
+    back = AutoModelForCausalLM.from_pretrained(store.local_path("checkpoints", "step_1", "model"))
+    for name, value in back.state_dict().items():
+        assert torch.equal(value, saved[name]), name
+    state = torch.load(store.local_path("checkpoints", "step_1", "optimizer.pt"), weights_only=True)["state"]
+    assert all(torch.equal(state[i]["exp_avg"], saved_opt[i]) for i in range(len(saved_opt)))
+    assert latest_checkpoint(store)["cursor"] == {"next_step": 2}
+
+    def broken(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store, "publish_dir", broken)
+    ckpt.save(3, model, opt, {"next_step": 4})
+    with pytest.raises(RuntimeError, match="writing checkpoint 3 failed: disk full"):
+        for _ in range(100):
+            ckpt.check()
+            time.sleep(0.05)
+    ckpt.close()
+    assert latest_checkpoint(store)["step"] == 1

@@ -229,14 +229,17 @@ def broadcast_weights(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str,
 
 
 def checkpoint(cfg: RLConfig, step: int) -> dict[str, Any] | None:
-    """Check that the trainer's checkpoint for a checkpoint step is complete; None on other steps.
-    Sizes only: the trainer hashed the files as it wrote them, and the sha256s are checked where a
-    checkpoint is used (a resume); hashing it again here cost 3.5 s at 0.5B, 25 s at 1.5B."""
+    """Step N's checkpoint on a checkpoint step, else None. The trainer writes it in the background,
+    so on a mid-run step it may still be `pending`; the last step's must be there. Sizes only: the
+    trainer hashed the files as it wrote them, and the sha256s are checked where a checkpoint is
+    used (a resume); hashing it again here cost 3.5 s at 0.5B, 25 s at 1.5B."""
     if not is_checkpoint_step(step, cfg.trainer.checkpoint_interval, cfg.max_steps):
         return None
     manifest = _store(cfg).manifest(step_dir("checkpoints", step))
     if manifest is None:
-        raise RuntimeError(f"checkpoints/step_{step} is missing after train step {step}")
+        if step < cfg.max_steps - 1:
+            return {"step": step, "pending": True}
+        raise RuntimeError(f"checkpoints/step_{step} is missing after the last train step")
     return {
         "step": step,
         "cursor": manifest["cursor"],

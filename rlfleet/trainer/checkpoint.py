@@ -1,10 +1,11 @@
 """Trainer checkpoints and weight snapshots as store artifacts.
 
-`checkpoints/step_N/`: model (HF safetensors), optimizer state, and `state.json` with the step and
+`checkpoints/step_N/`: model (HF safetensors) and optimizer state; its manifest holds the step and
 the orchestrator cursor that came with batch N, so a resumed run continues with the exact data
 it would have seen. `weights/step_N/`: an HF model directory vLLM reloads from.
 Both are built in a staging dir and published with a manifest, so a crash mid-write leaves the
-previous checkpoint as the latest complete one.
+previous checkpoint as the latest complete one. A checkpoint is snapshotted to CPU memory first
+and written after (`snapshot_checkpoint`), so the trainer can write it in the background.
 
 Under FSDP2 (`par.enabled`) the trainer state is a torch.distributed.checkpoint (`dcp/`): every rank
 writes its own shards, and a later load reshards to whatever GPU count resumes it. The HF export
@@ -17,8 +18,7 @@ from __future__ import annotations
 import io
 import logging
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,50 +47,16 @@ def hf_model(model: torch.nn.Module) -> PreTrainedModel:
 def _save_model(
     model: torch.nn.Module, out: Path, tokenizer_dir: str | None, par: Parallel | None = None
 ) -> None:
-    if par is not None and par.enabled:
-        _save_sharded_as_hf(model, out, par)
-    else:
-        with _no_progress_bar():  # one "Writing model shards" bar per step (and per replayed step)
-            hf_model(model).save_pretrained(out, safe_serialization=True)
-    if tokenizer_dir and (par is None or par.is_main):
-        for name in TOKENIZER_FILES:
-            src = Path(tokenizer_dir) / name
-            if src.is_file():
-                shutil.copy2(src, out / name)
+    state = _hf_state(model, par)
+    if state is not None:
+        _write_hf(hf_model(model), state, out, tokenizer_dir)
 
 
-@contextmanager
-def _no_progress_bar() -> Iterator[None]:
-    """transformers' (and huggingface_hub's) progress bars off for the block, as they were after."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
-
-
-def _save_sharded_as_hf(model: torch.nn.Module, out: Path, par: Parallel) -> None:
-    """Safetensors + config from FSDP2 shards: full tensors are gathered onto rank 0's CPU only."""
-    from safetensors.torch import save_file
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    lm = hf_model(model)
-    sd = get_model_state_dict(lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not par.is_main:
-        return
-    if getattr(lm.config, "tie_word_embeddings", False):
-        sd.pop("lm_head.weight", None)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {k: v.contiguous() for k, v in sd.items()}, str(out / "model.safetensors"), metadata={"format": "pt"}
-    )
-    lm.config.save_pretrained(out)
-    if lm.generation_config is not None:
-        lm.generation_config.save_pretrained(out)
+def _copy_tokenizer(tokenizer_dir: str | None, out: Path) -> None:
+    for name in TOKENIZER_FILES:
+        src = Path(tokenizer_dir or "") / name
+        if tokenizer_dir and src.is_file():
+            shutil.copy2(src, out / name)
 
 
 def _stage(store: RunStore, rel: str, par: Parallel | None) -> Path:
@@ -161,15 +127,98 @@ def save_checkpoint(
     cursor: dict[str, Any],
     tokenizer_dir: str,
     par: Parallel | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
+    """Write and publish checkpoint `step` now (the manifest on rank 0, None on the others)."""
+    return snapshot_checkpoint(store, step, model, optimizer, cursor, tokenizer_dir, par)()
+
+
+def snapshot_checkpoint(
+    store: RunStore,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cursor: dict[str, Any],
+    tokenizer_dir: str,
+    par: Parallel | None = None,
+    group: Any = None,
+) -> Callable[[], dict[str, Any] | None]:
+    """Copy checkpoint `step`'s state to CPU memory now; the returned function writes and publishes
+    it, and may run in another thread while training goes on (`trainer/checkpointer.py`).
+
+    Every collective happens here, in the caller's thread: the HF export's gather onto rank 0 and
+    DCP's staging. DCP then writes through `group` (a CPU group of its own, see
+    `Checkpointer`); its save returns on rank 0 once every rank's shards and the metadata are
+    written, which is what lets rank 0 publish without another barrier.
+    """
     rel = step_dir("checkpoints", step)
     stage = _stage(store, rel, par)
-    _save_model(model, stage / "model", tokenizer_dir, par)
-    if par is not None and par.enabled:
-        save_dcp(model, optimizer, stage / "dcp")
+    lm = hf_model(model)
+    state = _hf_state(model, par)  # rank 0's full copy (the gather is a collective)
+    sharded = par is not None and par.enabled
+    if sharded:
+        import torch.distributed.checkpoint as dcp
+
+        saved = dcp.async_save(
+            _dcp_state(model, optimizer), checkpoint_id=str(stage / "dcp"), process_group=group
+        )
+        optim = None
     else:
-        torch.save(optimizer.state_dict(), stage / "optimizer.pt")
-    return _publish(store, stage, rel, {"step": step, "cursor": cursor}, par)
+        optim = _cpu_copy(optimizer.state_dict())
+
+    def write() -> dict[str, Any] | None:
+        if state is not None:
+            _write_hf(lm, state, stage / "model", tokenizer_dir)
+        if sharded:
+            getattr(saved, "upload_completion", saved).result()  # a Future, or AsyncSaveResponse's
+            if not par.is_main:
+                return None
+        else:
+            torch.save(optim, stage / "optimizer.pt")
+        return store.publish_dir(stage, rel, {"step": step, "cursor": cursor})
+
+    return write
+
+
+def _hf_state(model: torch.nn.Module, par: Parallel | None) -> dict[str, torch.Tensor] | None:
+    """The HF model's full state dict as CPU copies on rank 0 (None on the other ranks)."""
+    lm = hf_model(model)
+    if par is None or not par.enabled:
+        return {k: v.detach().to("cpu", copy=True) for k, v in lm.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not par.is_main:
+        return None
+    # on a CPU mesh of one rank the "offloaded" tensors can be the parameters themselves
+    return {k: v.clone() if par.device.type == "cpu" else v for k, v in sd.items()}
+
+
+def _write_hf(
+    lm: PreTrainedModel, state: dict[str, torch.Tensor], out: Path, tokenizer_dir: str | None
+) -> None:
+    """An HF model directory (`from_pretrained` and vLLM read it) from a CPU state dict."""
+    from safetensors.torch import save_file
+
+    state = dict(state)
+    if getattr(lm.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.contiguous() for k, v in state.items()},
+        str(out / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    lm.config.save_pretrained(out)
+    if lm.generation_config is not None:
+        lm.generation_config.save_pretrained(out)
+    _copy_tokenizer(tokenizer_dir, out)
+
+
+def _cpu_copy(obj: Any) -> Any:
+    """A deep copy of a (nested) state dict with every tensor copied to CPU memory."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else x, obj)
 
 
 def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -177,13 +226,6 @@ def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict
 
     model_sd, optim_sd = get_state_dict(hf_model(model), optimizer)
     return {"model": model_sd, "optim": optim_sd}
-
-
-def save_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
-    """Model and optimizer state keyed by parameter name (not index), so any sharding can load it."""
-    import torch.distributed.checkpoint as dcp
-
-    dcp.save(_dcp_state(model, optimizer), checkpoint_id=str(path))
 
 
 def load_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:

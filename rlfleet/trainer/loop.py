@@ -2,8 +2,9 @@
 
 It holds the model and optimizer warm across steps and talks to the rest of the system through
 the run store: it executes step N once `batches/step_N` is published and answers with step N's
-weights through the configured transport (rlfleet/weights), a checkpoint every `checkpoint_interval` steps (and at the last), and
-`metrics/step_N.json` written last, which is the signal that step N is done.
+weights through the configured transport (rlfleet/weights), a checkpoint every
+`checkpoint_interval` steps (written in the background; the last one before the last step ends),
+and `metrics/step_N.json` written last, which is the signal that step N is done.
 """
 
 from __future__ import annotations
@@ -21,13 +22,8 @@ from rlfleet.batches import load_micro_batches
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import is_transient
 from rlfleet.store import RunStore, run_store, step_dir
-from rlfleet.trainer.checkpoint import (
-    checkpoint_model_path,
-    latest_checkpoint,
-    load_trainer_state,
-    prune_checkpoints,
-    save_checkpoint,
-)
+from rlfleet.trainer.checkpoint import checkpoint_model_path, latest_checkpoint, load_trainer_state
+from rlfleet.trainer.checkpointer import Checkpointer
 from rlfleet.trainer.parallel import Parallel, parallelize, setup, teardown
 from rlfleet.trainer.train import DTYPES, Policy, load_model, make_optimizer, pick_device, train_step
 from rlfleet.weights.publisher import Publisher, make_publisher
@@ -120,21 +116,22 @@ def build_resumed(
 
 
 def checkpoint_if_due(
-    store: RunStore,
     cfg: TrainerJobConfig,
     step: int,
     policy: Policy,
     optimizer: torch.optim.Optimizer,
     cursor: dict[str, Any],
-    par: Parallel,
-) -> None:
-    """Checkpoint every `checkpoint_interval` steps and at the last; rank 0 then prunes old ones."""
-    tc = cfg.trainer
-    if not is_checkpoint_step(step, tc.checkpoint_interval, cfg.max_steps):
-        return
-    save_checkpoint(store, step, policy, optimizer, cursor, cfg.model.path, par)
-    if par.is_main:
-        prune_checkpoints(store, tc.keep_checkpoints)
+    checkpointer: Checkpointer,
+) -> float | None:
+    """Checkpoint every `checkpoint_interval` steps (written in the background) and at the last
+    (written before this returns: the run's result). Seconds the step spent on it, or None."""
+    if not is_checkpoint_step(step, cfg.trainer.checkpoint_interval, cfg.max_steps):
+        return None
+    t0 = time.perf_counter()
+    checkpointer.save(step, policy, optimizer, cursor)
+    if step == cfg.max_steps - 1:
+        checkpointer.wait()
+    return time.perf_counter() - t0
 
 
 def run_trainer(cfg: TrainerJobConfig) -> None:
@@ -152,14 +149,17 @@ def run_trainer(cfg: TrainerJobConfig) -> None:
     )
 
     publisher = make_publisher(cfg, store, par)
-    step = start
+    checkpointer = Checkpointer(store, cfg.model.path, cfg.trainer.keep_checkpoints, par)
+    step, failed = start, True
     try:
         for step in range(start, cfg.max_steps):
-            _train_one(store, cfg, step, model, optimizer, par, publisher)
+            _train_one(store, cfg, step, model, optimizer, par, publisher, checkpointer)
+        failed = False
     except BaseException as e:
         record_trainer_error(store, step, e)
         raise
     finally:
+        checkpointer.close(failed)
         publisher.close()
         teardown(par)
 
@@ -172,8 +172,10 @@ def _train_one(
     optimizer: torch.optim.Optimizer,
     par: Parallel,
     publisher: Publisher,
+    checkpointer: Checkpointer,
 ) -> None:
     tc = cfg.trainer
+    checkpointer.check()
     wait_for_batch(store, step, tc.poll_interval_s)
     t0 = time.perf_counter()
     batch_manifest, micro = load_micro_batches(store, step)
@@ -189,7 +191,10 @@ def _train_one(
     t_pub = time.perf_counter()
     publisher.publish(step, model)
     metrics["publish_seconds"] = time.perf_counter() - t_pub
-    checkpoint_if_due(store, cfg, step, model, optimizer, batch_manifest["cursor"], par)
+    if (
+        secs := checkpoint_if_due(cfg, step, model, optimizer, batch_manifest["cursor"], checkpointer)
+    ) is not None:
+        metrics["checkpoint_seconds"] = secs
     if not par.is_main:
         publisher.serve(step)
         return

@@ -28,6 +28,7 @@ from rlfleet.trainer.checkpoint import (
     prune_weights,
     publish_weights,
 )
+from rlfleet.trainer.checkpointer import Checkpointer
 from rlfleet.trainer.loop import build_resumed, checkpoint_if_due
 from rlfleet.trainer.loss import sft_loss
 from rlfleet.trainer.parallel import Parallel, teardown
@@ -96,6 +97,8 @@ def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
         return write_sft_report(store, cfg, time.perf_counter() - t0)
     trainer_job = cfg.trainer_job()
     par, policy, optimizer = build_resumed(trainer_job, store, ckpt)
+    checkpointer = Checkpointer(store, cfg.model.path, tc.keep_checkpoints, par)
+    failed = True
     try:
         if par.is_main:
             discard_stale(store, start)  # metrics and weights a dead previous life wrote past it
@@ -136,7 +139,7 @@ def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
                         metrics["loss_tokens"],
                         metrics["seconds"],
                     )
-                checkpoint_if_due(store, trainer_job, step, policy, optimizer, {"next_step": step + 1}, par)
+                checkpoint_if_due(trainer_job, step, policy, optimizer, {"next_step": step + 1}, checkpointer)
                 if step == cfg.max_steps - 1:
                     publish_weights(store, step, policy, cfg.model.path, par)
                     if par.is_main:
@@ -144,7 +147,9 @@ def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
                 if bar:
                     bar.update(job, advance=1, loss=f"{metrics['loss']:.4f}")
         par.barrier()
+        failed = False
     finally:
+        checkpointer.close(failed)
         teardown(par)
     return write_sft_report(store, cfg, time.perf_counter() - t0) if par.is_main else {}
 
