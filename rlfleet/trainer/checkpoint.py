@@ -141,13 +141,14 @@ def snapshot_checkpoint(
     tokenizer_dir: str,
     par: Parallel | None = None,
     group: Any = None,
+    stager: Any = None,
 ) -> Callable[[], dict[str, Any] | None]:
     """Copy checkpoint `step`'s state to CPU memory now; the returned function writes and publishes
     it, and may run in another thread while training goes on (`trainer/checkpointer.py`).
 
     Every collective happens here, in the caller's thread: the HF export's gather onto rank 0 and
-    DCP's staging. DCP then writes through `group` (a CPU group of its own, see
-    `Checkpointer`); its save returns on rank 0 once every rank's shards and the metadata are
+    DCP's staging (through `stager`, or into fresh host memory). DCP then writes through `group`
+    (a CPU group of its own, see `Checkpointer`); its save returns on rank 0 once every rank's shards and the metadata are
     written, which is what lets rank 0 publish without another barrier.
     """
     rel = step_dir("checkpoints", step)
@@ -159,7 +160,10 @@ def snapshot_checkpoint(
         import torch.distributed.checkpoint as dcp
 
         saved = dcp.async_save(
-            _dcp_state(model, optimizer), checkpoint_id=str(stage / "dcp"), process_group=group
+            _dcp_state(model, optimizer),
+            checkpoint_id=str(stage / "dcp"),
+            process_group=group,
+            async_stager=stager,
         )
         optim = None
     else:

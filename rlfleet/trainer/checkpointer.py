@@ -36,6 +36,23 @@ class Checkpointer:
 
             self._group = dist.new_group(backend="gloo")
 
+    def _stager(self) -> Any:
+        """On a GPU, DCP copies to the host into pinned memory (8.6 -> 4.4 s for a 0.5B model's
+        first checkpoint on an H100). One stager per checkpoint, closed after its write: torch
+        2.11's stager fails on its second `stage` (KeyError: <class 'type'>)."""
+        if not (self.par.enabled and self.par.device.type == "cuda"):
+            return None
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        return DefaultStager(
+            StagingOptions(
+                use_pinned_memory=True,
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=True,
+            )
+        )
+
     def save(
         self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, cursor: dict[str, Any]
     ) -> float:
@@ -43,15 +60,35 @@ class Checkpointer:
         previous write, then copying)."""
         t0 = time.perf_counter()
         self.wait()
+        t1 = time.perf_counter()
+        stager = self._stager()
         write = snapshot_checkpoint(
-            self.store, step, model, optimizer, cursor, self.tokenizer_dir, self.par, self._group
+            self.store,
+            step,
+            model,
+            optimizer,
+            cursor,
+            self.tokenizer_dir,
+            self.par,
+            self._group,
+            stager,
         )
-        self._pending = (step, self._pool.submit(self._write, step, write))
+        self._pending = (step, self._pool.submit(self._write, step, write, stager))
+        log.info(
+            "checkpoint %d copied in %.2f s (after %.2f s waiting for the previous)",
+            step,
+            time.perf_counter() - t1,
+            t1 - t0,
+        )
         return time.perf_counter() - t0
 
-    def _write(self, step: int, write: Any) -> None:
+    def _write(self, step: int, write: Any, stager: Any) -> None:
         t0 = time.perf_counter()
-        write()
+        try:
+            write()
+        finally:
+            if stager is not None:
+                stager.close()
         if self.par.is_main:
             prune_checkpoints(self.store, self.keep)
         log.info("checkpoint %d written in %.2f s (in the background)", step, time.perf_counter() - t0)

@@ -25,7 +25,7 @@ from rlfleet.store import RunStore, run_store, step_dir
 from rlfleet.trainer.checkpoint import checkpoint_model_path, latest_checkpoint, load_trainer_state
 from rlfleet.trainer.checkpointer import Checkpointer
 from rlfleet.trainer.parallel import Parallel, parallelize, setup, teardown
-from rlfleet.trainer.train import DTYPES, Policy, load_model, make_optimizer, pick_device, train_step
+from rlfleet.trainer.train import DTYPES, Policy, load_model, make_optimizer, pick_device, train_step, warm_up
 from rlfleet.weights.publisher import Publisher, make_publisher
 
 log = logging.getLogger("rlfleet.trainer")
@@ -140,12 +140,13 @@ def run_trainer(cfg: TrainerJobConfig) -> None:
     start = 0 if ckpt is None else ckpt["step"] + 1
     par, model, optimizer = build_resumed(cfg, store, ckpt)
     log.info(
-        "trainer rank %d/%d on %s, starting at step %d (checkpoint: %s)",
+        "trainer rank %d/%d on %s, starting at step %d (checkpoint: %s); warm-up %.2f s",
         par.rank,
         par.world,
         par.device,
         start,
         ckpt and ckpt["step"],
+        warm_up(model, par),
     )
 
     publisher = make_publisher(cfg, store, par)
