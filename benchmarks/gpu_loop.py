@@ -10,14 +10,22 @@ from the replica's log. Shapes are random-init Llamas with the tiny character to
     python benchmarks/gpu_loop.py --shapes tiny,05b --transports filesystem,cuda_ipc \\
         --out benchmarks/results/gpu_loop_h100.json -- --wandb.mode disabled
     python benchmarks/gpu_loop.py --shapes 05b --transports cuda_ipc --levels 0,1 --out ...  # async
+    python benchmarks/gpu_loop.py --shapes 05b --transports nccl --kill-trainer-at 12 --out ...
+
+On two visible GPUs vLLM takes GPU 0 and the trainer GPU 1 (nccl sends between them).
+`--kill-trainer-at N` SIGKILLs the trainer's process group once it reports step N done (an nccl
+trainer is then sending step N's weights) and records how long the run took to train step N+1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -65,6 +73,32 @@ def checkpoint_seconds(out: Path) -> dict[int, float]:
     return {m["step"]: m["checkpoint_seconds"] for m in metrics if "checkpoint_seconds" in m}
 
 
+class TrainerKiller(threading.Thread):
+    """SIGKILL the trainer's process group once `metrics/step_N.json` exists; remember when."""
+
+    def __init__(self, out: Path, step: int):
+        super().__init__(daemon=True)
+        self.out, self.step, self.killed_at = out, step, None
+
+    def run(self) -> None:
+        while not (self.out / f"metrics/step_{self.step}.json").exists():
+            time.sleep(0.01)
+        os.killpg(int((self.out / "run/trainer.pid").read_text().split()[0]), signal.SIGKILL)
+        self.killed_at = time.time()
+
+    def report(self) -> dict[str, Any]:
+        """Seconds from the kill to step N+1 trained and finished, and the run's recoveries."""
+        done = json.loads((self.out / "summary.json").read_text())
+        after = {r["step"]: r for r in done["steps"]}.get(self.step + 1, {})
+        trained = (self.out / f"metrics/step_{self.step + 1}.json").stat().st_mtime
+        return {
+            "killed_after_step": self.step,
+            "kill_to_next_trained_s": trained - self.killed_at,
+            "kill_to_next_finished_s": after.get("finished_at", float("nan")) - self.killed_at,
+            "recoveries": done["recoveries"],
+        }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="tiny,05b")
@@ -74,6 +108,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", required=True)
     ap.add_argument("--work", help="keep models and run dirs here (default: a temp dir, removed)")
+    ap.add_argument("--kill-trainer-at", type=int, help="SIGKILL the trainer once step N is done")
     a, overrides = ap.parse_known_args()
     overrides = [o for o in overrides if o != "--"]
     gpu = ["--deployment.num-inference-gpus", "1", "--deployment.num-train-gpus", "1"]
@@ -93,6 +128,10 @@ def main() -> None:
                 args = ["--max-steps", str(a.steps), "--weights.transport", transport, *gpu]
                 args += ["--orchestrator.max-async-level", str(level), *overrides]
                 cfg = rl_config(model, out, *args)
+                killer = None if a.kill_trainer_at is None else TrainerKiller(out, a.kill_trainer_at)
+                if killer:
+                    key += f"/kill{a.kill_trainer_at}"
+                    killer.start()
                 t0 = time.perf_counter()
                 records, wall = run_rl(cfg)
                 timed = records[a.warmup :]
@@ -113,6 +152,7 @@ def main() -> None:
                     "command_wall_s": time.perf_counter() - t0,
                     "checkpoint_s": checkpoint_seconds(out),
                     **vllm_start(out),
+                    **({"kill": killer.report()} if killer else {}),
                     "records": records,
                 }
                 results["runs"][key] = run

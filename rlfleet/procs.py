@@ -116,9 +116,22 @@ def pid_alive(pidfile: Path) -> int | None:
         pid, ctime = int(pid_s), float(ctime_s)
     except (OSError, ValueError):
         return None
-    if psutil.pid_exists(pid) and abs(_create_time(pid) - ctime) < 1e-3:
-        return pid
-    return None
+    return pid if running(pid, ctime) else None
+
+
+def running(pid: int, started: float) -> bool:
+    """Whether process `pid`, started at `started` (psutil's create_time), still runs: not exited,
+    not a zombie nobody reaped, not a recycled pid."""
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - started) < 1e-3 and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def this_process() -> dict[str, float]:
+    """What `running` needs to recognise this process from another one on this node."""
+    return {"pid": os.getpid(), "started": _create_time(os.getpid())}
 
 
 def reap_pidfile(pidfile: Path) -> None:

@@ -26,6 +26,7 @@ import torch
 
 from rlfleet.procs import pid_alive
 from rlfleet.store import RunStore
+from tests.conftest import free_port
 from tests.test_e2e import rl_config
 
 pytestmark = pytest.mark.e2e
@@ -150,12 +151,19 @@ def rlfleet_events(prefix: str = "rlfleet.") -> list[dict]:
     return resp.json()["events"]
 
 
-def test_trainer_killed_mid_run_is_relaunched_from_checkpoint(tiny_model, prefect_api, tmp_path):
+@pytest.mark.parametrize("transport", ["filesystem", "nccl"])
+def test_trainer_killed_mid_run_is_relaunched_from_checkpoint(tiny_model, prefect_api, tmp_path, transport):
     """The run finishes with every step once; the user sees the relaunch (a WARNING, a Prefect event,
-    the summary's recoveries) and the run's artifacts while it is going, not only at its end."""
+    the summary's recoveries) and the run's artifacts while it is going, not only at its end.
+
+    The kill lands as step 2 is reported done, when an nccl trainer is sending step 2's weights
+    (over gloo here): the receiving vLLM worker must give up on the dead sender at once (no wait for
+    the collective's timeout), and broadcast_weights-2 relaunches the trainer, whose replay of step
+    2 sends them again. Through the filesystem, train-3 finds the trainer dead."""
     out = tmp_path / "run"
+    extra = {"weights.transport": transport, "weights.nccl-port": str(free_port())}
     cfg = rl_config(
-        tiny_model, out, max_steps=4, **{"trainer.checkpoint-interval": "2", "tasks.retries": "2"}
+        tiny_model, out, max_steps=4, **{"trainer.checkpoint-interval": "2", "tasks.retries": "2", **extra}
     )
     watch = ArtifactWatch(["run-progress", "run-metrics"])
     watch.start()
@@ -166,8 +174,10 @@ def test_trainer_killed_mid_run_is_relaunched_from_checkpoint(tiny_model, prefec
         watch.join()
     ended = time.time()
     print(
-        f"\ntrainer SIGKILL -> step 3 trained: {(out / 'metrics/step_3.json').stat().st_mtime - killer.killed_at:.1f} s"
+        f"\n{transport}: trainer SIGKILL -> step 3 trained: "
+        f"{(out / 'metrics/step_3.json').stat().st_mtime - killer.killed_at:.1f} s"
     )
+    relaunched_at, retriable = (3, "train-3") if transport == "filesystem" else (2, "broadcast_weights-2")
 
     assert_every_step_once(out, 4)
     log = (out / "logs/trainer/rank_0.log").read_text()
@@ -176,7 +186,7 @@ def test_trainer_killed_mid_run_is_relaunched_from_checkpoint(tiny_model, prefec
     names = [r.name for r in runs]
     assert sorted(n for n in names if n.startswith("rollout")) == [f"rollout-{s}" for s in range(4)]
     retried = {r.name: r.run_count for r in runs if r.run_count > 1}
-    assert set(retried) <= {"train-3"}, retried  # or the next `train` found it dead and relaunched at once
+    assert set(retried) <= {retriable}, retried  # or the task found it dead and relaunched at once
     assert_no_process_left(out)
 
     # the relaunch, where a user looks: the flow run's log, an event, the summary and its message
@@ -190,12 +200,13 @@ def test_trainer_killed_mid_run_is_relaunched_from_checkpoint(tiny_model, prefec
         event["event"] == "rlfleet.trainer.relaunched" and event["resource"]["prefect.resource.name"] == "run"
     )
     assert event["payload"]["exit_code"] == -9 and event["payload"]["checkpoint"] == 1
-    assert event["payload"]["replayed"] == [2] and event["payload"]["step"] == 3
+    assert event["payload"]["replayed"] == [2] and event["payload"]["step"] == relaunched_at
     summary = json.loads((out / "summary.json").read_text())
     assert [r["event"] for r in summary["recoveries"]] == ["trainer.relaunched"]
     assert state.message.endswith("in 4 steps; recoveries: 1")
     warnings = [x for x in flow_run_logs(run_id) if x.level == logging.WARNING]
-    assert any("trainer exited with code -9 and was relaunched at step 3" in x.message for x in warnings)
+    relaunch = f"trainer exited with code -9 and was relaunched at step {relaunched_at}"
+    assert any(relaunch in x.message for x in warnings)
 
     # live artifacts: progress moved and the metrics table had versions before the run ended
     progress = [data for t, key, _, data in watch.seen if key == "run-progress" and t < ended]

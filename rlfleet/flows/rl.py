@@ -13,6 +13,7 @@ so every sample records exactly the version that produced it. k = 0 submits noth
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from rlfleet.config.placement import gpu_defaults, split_cpus
 from rlfleet.flows.artifacts import publish_summary
 from rlfleet.flows.monitor import LiveArtifacts, recoveries
 from rlfleet.inference.pool import shutdown_pool
-from rlfleet.orchestrator.rollout import usable
+from rlfleet.orchestrator.rollout import load_tokenizer, usable
 from rlfleet.report import WandbSink, step_progress, wandb_metrics, write_report
 from rlfleet.runs.configs import preflight, write_configs
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
@@ -103,8 +104,10 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
     try:
         served, after = start - 1, []  # the weight version the pool holds; what rollouts wait for
         if start < cfg.max_steps:
-            # the trainer loads its model while vLLM starts: both are ready when step `start` begins
+            # the trainer loads its model, and this process the tokenizer (10 s for the 32k-id
+            # benchmark one), while vLLM starts: all are ready when step `start` begins
             warm = start_trainer.with_options(**retry_options(cfg)).submit(quote(cfg), train_gpus)
+            threading.Thread(target=load_tokenizer, args=(cfg.model.path,), daemon=True).start()
             launched = launch_inference_pool.with_options(
                 **retry_options(cfg, cfg.inference.startup_timeout_s + 60)
             )(quote(cfg), inf_gpus, start - 1, return_state=True)
@@ -216,7 +219,7 @@ def _step(
     t = _lap(walls, "wait_rollouts", t)
     in_flight = list(ahead.values())
     casted = broadcast_weights.with_options(**opts)(
-        c, inf_gpus, step, wait_for=[edge(trained), *in_flight], return_state=True
+        c, inf_gpus, step, train_gpus, wait_for=[edge(trained), *in_flight], return_state=True
     )
     cast = casted.result()
     t = _lap(walls, "broadcast", t)

@@ -31,6 +31,7 @@ from rlfleet.tasks.storage import result_storage
 from rlfleet.trainer.checkpoint import latest_checkpoint
 from rlfleet.trainer.launch import TrainerProcess, get_trainer
 from rlfleet.trainer.loop import is_checkpoint_step
+from rlfleet.weights.nccl import live_ticket
 from rlfleet.weights.tickets import ticket
 
 
@@ -172,6 +173,29 @@ def _trainer(cfg: RLConfig, gpu_ids: list[str]) -> TrainerProcess:
     return get_trainer(cfg.trainer_job(gpu_ids), _store(cfg).local_dir / "configs" / "trainer.toml", external)
 
 
+def _running_trainer(cfg: RLConfig, gpu_ids: list[str], step: int, replay_until: int) -> TrainerProcess:
+    """The run's trainer, relaunched if it died (a recovery the user sees): the new one resumes
+    from the latest checkpoint and replays the steps after it, up to `replay_until` (exclusive)."""
+    store = _store(cfg)
+    trainer = _trainer(cfg, gpu_ids)
+    if (exit_code := trainer.ensure()) is not None:
+        ckpt = latest_checkpoint(store)
+        resume = -1 if ckpt is None else ckpt["step"]
+        replayed = list(range(resume + 1, replay_until))
+        recovered(
+            store,
+            cfg.name,
+            "trainer.relaunched",
+            f"trainer exited with code {exit_code} and was relaunched at step {step}: it resumes from "
+            f"{f'checkpoint {resume}' if ckpt else 'the base model'} and replays steps {replayed or 'none'}",
+            exit_code=exit_code,
+            step=step,
+            checkpoint=resume,
+            replayed=replayed,
+        )
+    return trainer
+
+
 @task(name="start_trainer", task_run_name="start_trainer", cache_policy=NO_CACHE)
 def start_trainer(cfg: RLConfig, gpu_ids: list[str]) -> dict[str, Any]:
     """Start the trainer while vLLM starts, so it has loaded its model when the first batch comes."""
@@ -185,22 +209,7 @@ def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     """Make sure the long-lived trainer runs, then wait for it to finish step N (or die); on a
     checkpoint step, check its checkpoint (`checkpoint` in the result)."""
     store = _store(cfg)
-    trainer = _trainer(cfg, gpu_ids)
-    if (exit_code := trainer.ensure()) is not None:
-        ckpt = latest_checkpoint(store)
-        resume = -1 if ckpt is None else ckpt["step"]
-        replayed = list(range(resume + 1, step))
-        recovered(
-            store,
-            cfg.name,
-            "trainer.relaunched",
-            f"trainer exited with code {exit_code} and was relaunched at step {step}: it resumes from "
-            f"{f'checkpoint {resume}' if ckpt else 'the base model'} and replays steps {replayed or 'none'}",
-            exit_code=exit_code,
-            step=step,
-            checkpoint=resume,
-            replayed=replayed,
-        )
+    trainer = _running_trainer(cfg, gpu_ids, step, step)
     metrics = trainer.wait_step(store, step, cfg.tasks.step_timeout_s)
     get_run_logger().info(  # on the task's page: the step's numbers and where the process logs are
         "loss %.4f grad_norm %.3f clip_frac %.3f mismatch_kl %.2e in %.2f s; trainer log: %s",
@@ -215,13 +224,22 @@ def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
 
 
 @task(name="broadcast_weights", task_run_name="broadcast_weights-{step}", cache_policy=NO_CACHE)
-def broadcast_weights(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
+def broadcast_weights(
+    cfg: RLConfig, gpu_ids: list[str], step: int, trainer_gpus: list[str]
+) -> dict[str, Any]:
     """Find step N's weights for the run's transport (filesystem: check and stage the newest
     published snapshot; local ones were hashed by the trainer, so sizes are checked, not sha256),
-    then pause -> load -> resume every replica."""
+    then pause -> load -> resume every replica. nccl weights are sent by the trainer that wrote
+    the ticket: if it died (killed mid-send, say), it is relaunched here and its replay of step N
+    writes a ticket this waits for."""
     pool = get_pool(cfg.inference_job(gpu_ids))
     t0 = time.perf_counter()
-    weights = ticket(_store(cfg), step, cfg.weights.transport)
+    store = _store(cfg)
+    if cfg.weights.transport == "nccl":
+        trainer = _running_trainer(cfg, trainer_gpus, step, step + 1)  # it redoes step N too
+        weights = live_ticket(store, step, lambda: trainer.failure(store, step), cfg.tasks.step_timeout_s)
+    else:
+        weights = ticket(store, step, cfg.weights.transport)
     fetch = time.perf_counter() - t0
     out = pool.broadcast(weights)
     report_relaunches(cfg, pool)

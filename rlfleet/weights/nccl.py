@@ -8,13 +8,21 @@ backend follows the device: NCCL on GPUs, gloo on CPUs (how the CPU tests run th
 
 Order inside a trainer step: `publish` writes the ticket before the step's metrics (the
 controller's "step done"), `serve` sends after them, blocking until the controller has asked every
-replica to receive; a send never waits on anything the controller does after that.
+replica to receive; a send never waits on anything the controller does after that. A relaunched
+trainer replaying steps the replicas already hold (`run/weights_served.json`) sends nothing for them.
+
+A trainer that dies mid-send must not leave a worker in the collective until the timeout (prime-rl
+#1667): the ticket names the sending process, a receiver polls its work and aborts the group once
+that process is gone, and the controller relaunches the trainer and waits for a ticket whose
+sender runs (`tasks/rl.py`). Every member is on one node (`config/weights.py`), so "gone" is a
+local process check.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -22,11 +30,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rlfleet.procs import running, this_process
 from rlfleet.store import RunStore
 from rlfleet.trainer.parallel import Parallel
 from rlfleet.trainer.train import DTYPES
 from rlfleet.weights import tensors
-from rlfleet.weights.tickets import ticket_rel
+from rlfleet.weights.tickets import served_step, ticket, ticket_rel
+
+
+class SenderDied(RuntimeError):
+    """The trainer process that was sending the weights exited; its relaunch sends them again."""
 
 
 @dataclass
@@ -49,11 +62,47 @@ def open_group(host: str, port: int, rank: int, world: int, device: torch.device
     return Group(pg, store)
 
 
-def broadcast(group: Group, buckets: list[torch.Tensor]) -> None:
+def sender_running(ticket: dict[str, Any]) -> bool:
+    g = ticket["group"]
+    return running(g["pid"], g["started"])
+
+
+def live_ticket(
+    store: RunStore, step: int, failure: Callable[[], Exception | None], timeout_s: float, poll_s: float = 0.2
+) -> dict[str, Any]:
+    """Step N's ticket, once its sender runs: a relaunched trainer replays up to step N and writes
+    it again. `failure()` names a trainer that died meanwhile (raised)."""
+    deadline = time.monotonic() + timeout_s
+    while not sender_running(t := ticket(store, step, "nccl")):
+        if (error := failure()) is not None:
+            raise error
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no running trainer wrote the step {step} nccl ticket in {timeout_s:.0f} s")
+        time.sleep(poll_s)
+    return t
+
+
+def broadcast(group: Group, buckets: list[torch.Tensor], sender: dict[str, Any] | None = None) -> None:
+    """Rank 0 sends `buckets`, the others receive into theirs. A receiver given the `sender`
+    ticket polls its work and aborts the group if the sending process is gone (SenderDied)."""
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
-    for b in buckets:
-        group.pg.broadcast([b], opts).wait()
+    if sender is None:
+        for b in buckets:
+            group.pg.broadcast([b], opts).wait()
+    else:
+        works = [group.pg.broadcast([b], opts) for b in buckets]
+        pause = 1e-4
+        while not all(w.is_completed() for w in works):
+            if not sender_running(sender):
+                group.pg.abort()
+                raise SenderDied(
+                    f"the trainer (pid {sender['group']['pid']}) exited during the weight broadcast"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
+        for w in works:
+            w.wait()  # raises what the backend saw
     if buckets and buckets[0].is_cuda:
         torch.cuda.synchronize(buckets[0].device)
 
@@ -65,6 +114,7 @@ class NcclPublisher:
         self.store, self.par, self.dtype = store, par, DTYPES[dtype]
         self.port, self.world, self.timeout_s = port, 1 + receivers, timeout_s
         self.group_id = f"{os.getpid()}-{time.time_ns()}"
+        self.sender = this_process()
         self.group: Group | None = None
         self.layout: list | None = None
         self.buckets: list[torch.Tensor] = []
@@ -79,7 +129,13 @@ class NcclPublisher:
         ticket: dict[str, Any] = {
             "transport": "nccl",
             "step": step,
-            "group": {"id": self.group_id, "host": "127.0.0.1", "port": self.port, "world": self.world},
+            "group": {
+                "id": self.group_id,
+                "host": "127.0.0.1",
+                "port": self.port,
+                "world": self.world,
+                **self.sender,
+            },
             "timeout_s": self.timeout_s,
             "dtype": str(self.dtype).removeprefix("torch."),
             "layout": self.layout,
@@ -87,6 +143,8 @@ class NcclPublisher:
         self.store.write_json(ticket_rel(step), ticket)
 
     def serve(self, step: int) -> None:
+        if (held := served_step(self.store)) is not None and held >= step:
+            return  # a replayed step: the replicas are past it and nobody will receive it
         if self.group is None:
             self.group = open_group("127.0.0.1", self.port, 0, self.world, self.par.device, self.timeout_s)
         broadcast(self.group, self.buckets)
@@ -99,5 +157,5 @@ def receive(ticket: dict[str, Any], group: Group, device: torch.device) -> list[
     """The buckets of `ticket`, received from rank 0 into fresh buffers on `device`."""
     dtype = DTYPES[ticket["dtype"]]
     buckets = [torch.empty(n, dtype=dtype, device=device) for n in tensors.bucket_sizes(ticket["layout"])]
-    broadcast(group, buckets)
+    broadcast(group, buckets, sender=ticket)
     return buckets

@@ -28,7 +28,12 @@ class WeightSync:
         elif ticket["transport"] == "nccl":
             from rlfleet.weights.nccl import receive
 
-            buckets = receive(ticket, self._rlfleet_group(ticket, int(rank_base), device), device)
+            group = self._rlfleet_group(ticket, int(rank_base), device)
+            try:
+                buckets = receive(ticket, group, device)
+            except BaseException:
+                self._rlfleet_pg = None  # aborted or broken: the next ticket builds a new one
+                raise
         else:
             raise ValueError(f"rlfleet_load: unknown transport {ticket['transport']!r}")
         got = time.perf_counter()
@@ -51,11 +56,19 @@ class WeightSync:
 
     def _rlfleet_group(self, ticket: dict[str, Any], rank_base: int, device: torch.device):
         """This worker's member of the trainer's group; rebuilt when a new trainer names a new one."""
-        from rlfleet.weights.nccl import open_group
+        from rlfleet.weights.nccl import SenderDied, open_group, sender_running
 
         g = ticket["group"]
         cached = getattr(self, "_rlfleet_pg", None)
         if cached is None or cached[0] != g["id"]:
+            if not sender_running(
+                ticket
+            ):  # its rendezvous store went with it: connecting would wait out the timeout
+                raise SenderDied(
+                    f"the trainer (pid {g['pid']}) that wrote the step {ticket['step']} ticket exited"
+                )
+            if cached is not None:
+                cached[1].pg.abort()  # the previous trainer's group; its sender is gone
             rank = rank_base + getattr(self, "rank", 0)
             pg = open_group(g["host"], g["port"], rank, g["world"], device, ticket["timeout_s"])
             self._rlfleet_pg = (g["id"], pg)
