@@ -133,3 +133,29 @@ def test_packed_sft_step_equals_padded(tiny_model):
     assert results[0]["loss_tokens"] == results[1]["loss_tokens"] == sum(sum(e.loss_mask) for e in examples)
     assert abs(results[0]["loss"] - results[1]["loss"]) < 1e-5
     assert abs(results[0]["grad_norm"] - results[1]["grad_norm"]) < 1e-4
+
+
+def test_warm_up_leaves_parameters_grads_and_rng_as_they_were(tiny_model):
+    """The trainer's start-up warm-up runs a real forward and backward and changes nothing a step
+    depends on: a warmed-up trainer's first step equals a cold one's."""
+    from rlfleet.trainer.train import warm_up
+
+    recs = _records(16)
+    num_tokens = sum(sum(r["loss_mask"]) for r in recs)
+    cfg = TrainerConfig(lr=1e-2)
+    results = []
+    for warmed in (False, True):
+        model = Policy(load_model(str(tiny_model), "float32", torch.device("cpu")))
+        torch.manual_seed(0)
+        if warmed:
+            before, rng = [p.detach().clone() for p in model.parameters()], torch.get_rng_state()
+            assert warm_up(model, None) > 0
+            assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+            assert all(p.grad is None for p in model.parameters())
+            assert torch.equal(torch.get_rng_state(), rng)
+        micro = packed_micro_batches(recs, pad_id=0, seq_len=48, rows_per_micro=2)
+        metrics = train_step(model, make_optimizer(model, cfg), micro, num_tokens, cfg)
+        results.append((metrics["loss"], [p.detach().clone() for p in model.parameters()]))
+    (cold_loss, cold), (warm_loss, warm) = results
+    assert cold_loss == warm_loss
+    assert all(torch.equal(a, b) for a, b in zip(cold, warm, strict=True))
