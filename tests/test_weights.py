@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import subprocess
+import sys
 import threading
 import time
 
+import psutil
 import pytest
 import torch
 
 from rlfleet.store import RunStore
 from rlfleet.trainer.parallel import Parallel
 from rlfleet.weights import tensors
-from rlfleet.weights.nccl import NcclPublisher, open_group, receive
+from rlfleet.weights.nccl import NcclPublisher, SenderDied, open_group, receive
 from rlfleet.weights.tickets import served_step, ticket, wait_served, write_served
 from tests.conftest import free_port
 
@@ -104,3 +107,40 @@ def test_nccl_publisher_over_gloo_between_two_processes(tmp_path):
         assert s.keys() == g.keys()
         for k in s:
             assert torch.equal(s[k], g[k])
+
+
+def _silent_sender(port: int) -> None:
+    """Rank 0 of a group that never sends."""
+    group = open_group("127.0.0.1", port, 0, 2, torch.device("cpu"), 60)
+    time.sleep(120)
+    del group
+
+
+def test_receiver_gives_up_on_a_sender_that_exits_mid_broadcast():
+    """A receiver blocked in the broadcast aborts the group and raises SenderDied once the ticket's
+    sender process is gone, instead of waiting out the collective's timeout (60 s here). The
+    ticket names a process that exits after 1.5 s (and stays a zombie until reaped) while the
+    group's rank 0 stays alive and silent, so only rlfleet's check can end the wait."""
+    port = free_port()
+    holder = mp.get_context("spawn").Process(target=_silent_sender, args=(port,))
+    holder.start()
+    named = None
+    try:
+        cpu = torch.device("cpu")
+        group = open_group("127.0.0.1", port, 1, 2, cpu, 60)
+        named = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+        t = {
+            "group": {"pid": named.pid, "started": psutil.Process(named.pid).create_time()},
+            "dtype": "float32",
+            "layout": tensors.make_layout(_state(), torch.float32),
+        }
+        t0 = time.monotonic()
+        with pytest.raises(SenderDied, match=f"pid {named.pid}"):
+            receive(t, group, cpu)
+        assert 1.0 < time.monotonic() - t0 < 15
+    finally:
+        if named is not None:
+            named.kill()
+            named.wait()
+        holder.kill()
+        holder.join()
