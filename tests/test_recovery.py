@@ -17,7 +17,7 @@ from rlfleet.runs.lock import acquire_run_lock, release_run_lock
 from rlfleet.runs.resume import resume_step
 from rlfleet.runs.status import spans, status
 from rlfleet.store import RunStore
-from rlfleet.trainer.checkpoint import latest_checkpoint, publish_weights, save_checkpoint
+from rlfleet.trainer.checkpoint import latest_checkpoint, publish_weights, snapshot_checkpoint
 from rlfleet.trainer.loop import read_trainer_error, record_trainer_error
 from rlfleet.weights.filesystem import newest_weights
 
@@ -28,7 +28,7 @@ def store_with_checkpoints(tiny_model, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     opt = torch.optim.AdamW(model.parameters())
     for step in (1, 3):
-        save_checkpoint(store, step, model, opt, {"next_step": step + 1}, str(tiny_model))
+        snapshot_checkpoint(store, step, model, opt, {"next_step": step + 1}, str(tiny_model))()
     return store
 
 

@@ -31,7 +31,7 @@ from rlfleet.trainer.checkpoint import (
     prune_checkpoints,
     prune_weights,
     publish_weights,
-    save_checkpoint,
+    snapshot_checkpoint,
 )
 from rlfleet.weights.filesystem import newest_weights
 from tests.s3server import moto_server
@@ -242,7 +242,7 @@ def test_retention_keeps_last_n_and_the_resume_checkpoint(s3_env, tiny_model, ca
     opt = torch.optim.AdamW(model.parameters())
 
     def ckpt(step: int) -> None:
-        save_checkpoint(store, step, model, opt, {"next_step": step + 1}, str(tiny_model))
+        snapshot_checkpoint(store, step, model, opt, {"next_step": step + 1}, str(tiny_model))()
 
     for step in range(5):
         publish_weights(store, step, model, str(tiny_model))

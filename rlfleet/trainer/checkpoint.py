@@ -119,19 +119,6 @@ def _prune(store: RunStore, kind: str, keep: int, protect: int | None) -> list[i
     return sorted(gone)
 
 
-def save_checkpoint(
-    store: RunStore,
-    step: int,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    cursor: dict[str, Any],
-    tokenizer_dir: str,
-    par: Parallel | None = None,
-) -> dict[str, Any] | None:
-    """Write and publish checkpoint `step` now (the manifest on rank 0, None on the others)."""
-    return snapshot_checkpoint(store, step, model, optimizer, cursor, tokenizer_dir, par)()
-
-
 def snapshot_checkpoint(
     store: RunStore,
     step: int,

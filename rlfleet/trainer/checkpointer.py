@@ -74,6 +74,13 @@ class Checkpointer:
             stager,
         )
         self._pending = (step, self._pool.submit(self._write, step, write, stager))
+        if t1 - t0 > 0.5:
+            log.warning(
+                "checkpoint %d waited %.1f s for checkpoint writes to catch up: the interval is "
+                "shorter than a write; raise trainer.checkpoint_interval",
+                step,
+                t1 - t0,
+            )
         log.info(
             "checkpoint %d copied in %.2f s (after %.2f s waiting for the previous)",
             step,
