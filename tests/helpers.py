@@ -1,9 +1,10 @@
 """Probes the tests use and the package does not: a vLLM logprob fingerprint, a dataset's NLL,
-`sbatch --test-only`."""
+`sbatch --test-only`, the ranks that wrote a DCP checkpoint."""
 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import httpx
 import torch
@@ -70,3 +71,8 @@ def sbatch_test_only(script: str, env: dict[str, str] | None = None) -> str:
     )
     assert proc.returncode == 0, proc.stderr or proc.stdout
     return (proc.stdout + proc.stderr).strip()
+
+
+def dcp_ranks(dcp_dir: Path) -> set[int]:
+    """The ranks with shard files in a DCP checkpoint (DCP names them `__<rank>_<file>.distcp`)."""
+    return {int(p.name.split("_")[2]) for p in Path(dcp_dir).glob("*.distcp")}

@@ -270,6 +270,12 @@ def test_retention_keeps_last_n_and_the_resume_checkpoint(s3_env, tiny_model, ca
     assert store.complete_steps("checkpoints") == [5]
     assert resume_step(store) == 6
 
+    # the trainer names the checkpoint it just wrote: that one is kept as the resume point, unread
+    ckpt(6)
+    _damage(store, "checkpoints/step_6/optimizer.pt")
+    assert prune_checkpoints(store, keep=1, written=6) == [5]
+    assert store.complete_steps("checkpoints") == [6]
+
 
 def _flow_run_logs(flow_run_ids) -> list[str]:
     from prefect import get_client

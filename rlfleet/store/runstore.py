@@ -20,6 +20,7 @@ import os
 import shutil
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,16 @@ def sha256_file(path: str | Path) -> str:
 
 
 def file_entries(local_dir: Path) -> dict[str, dict[str, Any]]:
-    """{relative path: {size, sha256}} for every file under local_dir except the manifest."""
-    out = {}
-    for p in sorted(local_dir.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
-            out[p.relative_to(local_dir).as_posix()] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
-    return out
+    """{relative path: {size, sha256}} for every file under local_dir except the manifest.
+
+    Files are hashed in parallel (hashlib releases the GIL): a checkpoint is a few large files."""
+    files = [p for p in sorted(local_dir.rglob("*")) if p.is_file() and p.name != MANIFEST]
+    with ThreadPoolExecutor(min(len(files), os.cpu_count() or 1, 8) or 1) as pool:
+        digests = list(pool.map(sha256_file, files))
+    return {
+        p.relative_to(local_dir).as_posix(): {"size": p.stat().st_size, "sha256": d}
+        for p, d in zip(files, digests, strict=True)
+    }
 
 
 def cache_root(url: str) -> Path:

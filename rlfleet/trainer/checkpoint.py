@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -90,17 +92,21 @@ def prune_weights(store: RunStore, keep: int) -> list[int]:
     return _prune(store, "weights", keep, protect=None)
 
 
-def prune_checkpoints(store: RunStore, keep: int) -> list[int]:
+def prune_checkpoints(store: RunStore, keep: int, written: int | None = None) -> list[int]:
     """Keep the newest `keep` complete checkpoints (0 = all), and always the one a resume would use.
 
     The resume checkpoint is the newest that verifies; if the newest ones are corrupt it is older
-    than the `keep` newest and survives anyway.
+    than the `keep` newest and survives anyway. `written` is a checkpoint the caller has just
+    published (its files hashed as they were written): when it is the newest, it is the resume
+    checkpoint, and nothing is read back to find that (re-hashing 6.7 GB took 7.5 s on an H100 host).
     """
     if keep <= 0:
         return []
     steps = store.complete_steps("checkpoints")
     if len(steps) <= keep:
         return _prune(store, "checkpoints", keep, protect=None)
+    if written is not None and written == steps[-1]:
+        return _prune(store, "checkpoints", keep, protect=written)
     resume = latest_checkpoint(store)
     return _prune(store, "checkpoints", keep, protect=None if resume is None else resume["step"])
 
@@ -148,7 +154,7 @@ def snapshot_checkpoint(
 
         saved = dcp.async_save(
             _dcp_state(model, optimizer),
-            checkpoint_id=str(stage / "dcp"),
+            storage_writer=_dcp_writer(stage / "dcp"),
             process_group=group,
             async_stager=stager,
         )
@@ -157,17 +163,37 @@ def snapshot_checkpoint(
         optim = _cpu_copy(optimizer.state_dict())
 
     def write() -> dict[str, Any] | None:
+        t0 = time.perf_counter()
         if state is not None:
             _write_hf(lm, state, stage / "model", tokenizer_dir)
+        t1 = time.perf_counter()
         if sharded:
             getattr(saved, "upload_completion", saved).result()  # a Future, or AsyncSaveResponse's
             if not par.is_main:
                 return None
         else:
             torch.save(optim, stage / "optimizer.pt")
-        return store.publish_dir(stage, rel, {"step": step, "cursor": cursor})
+        t2 = time.perf_counter()
+        manifest = store.publish_dir(stage, rel, {"step": step, "cursor": cursor})
+        log.info(
+            "checkpoint %d: HF export %.2f s, trainer state %.2f s, checksums and publish %.2f s",
+            step,
+            t1 - t0,
+            t2 - t1,
+            time.perf_counter() - t2,
+        )
+        return manifest
 
     return write
+
+
+def _dcp_writer(path: Path) -> Any:
+    """DCP's file writer, a few threads (so a few files) per rank, without an fsync per file: the
+    manifest's sha256s, verified before a resume uses a checkpoint, catch what a machine crash
+    left unwritten, and the resume falls back to the previous checkpoint."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    return FileSystemWriter(path, sync_files=False, thread_count=min(4, os.cpu_count() or 1))
 
 
 def _hf_state(model: torch.nn.Module, par: Parallel | None) -> dict[str, torch.Tensor] | None:

@@ -97,7 +97,7 @@ class Checkpointer:
             if stager is not None:
                 stager.close()
         if self.par.is_main:
-            prune_checkpoints(self.store, self.keep)
+            prune_checkpoints(self.store, self.keep, written=step)
         log.info("checkpoint %d written in %.2f s (in the background)", step, time.perf_counter() - t0)
 
     def check(self) -> None:
