@@ -86,7 +86,13 @@ def main() -> None:
         finally:
             pool.shutdown()
     res = {k: {"median_s": median(v), "all_s": v} for k, v in times.items()}
-    shape = {"prompts": o.batch_size, "n": o.group_size, "max_tokens": o.max_tokens, "model": a.shape, "gpu": a.gpu}
+    shape = {
+        "prompts": o.batch_size,
+        "n": o.group_size,
+        "max_tokens": o.max_tokens,
+        "model": a.shape,
+        "gpu": a.gpu,
+    }
     write(a.out, {"config": {"reps": a.reps, **shape}, "variants": res})
     base = res["as_sent"]["median_s"]
     table(
