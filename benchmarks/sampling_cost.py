@@ -5,9 +5,9 @@ One real vLLM server (the CPU build with the tiny model, or on GPU 0 with `--gpu
 CUDA graphs, any shape of benchmarks/gpu_loop.py); each repetition sends one step's requests (32
 prompts x n=8 x 16 tokens, temperature 1, all at once as the sampler does) in each variant, in
 rotating order so drift hits all alike:
-  as_sent:        the sampler's body (`logprobs: 0`, `return_token_ids`)
+  as_sent:        the sampler's body (`logprobs: 0`, `return_token_ids`, `return_tokens_as_token_ids`)
   no_logprobs:    without `logprobs` (what the per-token logprob the trainer needs costs)
-  ids_as_tokens:  + `return_tokens_as_token_ids` (logprob entries named by id, not decoded text)
+  token_text:     logprob entries named by their decoded text (the sampler sent this until 2026-11-24)
   one_token:      `max_tokens: 1` (prefill and the serving path's fixed cost, no decoding)
   one_request:    the 32 prompts as one request (what 32 HTTP requests cost over one)
 Medians of `--reps`; `py-spy record` on the server and its engine core (see BENCHMARKS.md) says
@@ -33,11 +33,17 @@ from gpu_loop import SHAPES
 from rlfleet.config.placement import gpu_defaults
 from rlfleet.inference.pool import InferencePool
 
-BASE = {"model": "policy", "temperature": 1.0, "logprobs": 0, "return_token_ids": True}
+BASE = {
+    "model": "policy",
+    "temperature": 1.0,
+    "logprobs": 0,
+    "return_token_ids": True,
+    "return_tokens_as_token_ids": True,
+}
 VARIANTS: dict[str, dict[str, Any]] = {
     "as_sent": {},
     "no_logprobs": {"logprobs": None},
-    "ids_as_tokens": {"return_tokens_as_token_ids": True},
+    "token_text": {"return_tokens_as_token_ids": None},
     "one_token": {"max_tokens": 1},
     "one_request": {},  # see one_step
 }
@@ -75,6 +81,7 @@ def main() -> None:
         try:
             url = pool.ensure()[0]
             times: dict[str, list[float]] = {k: [] for k in VARIANTS}
+            first: dict[str, float] = {}  # the warm-up round: a fresh server's first requests
             names = list(VARIANTS)
             for rep in range(a.reps + 1):  # the first round warms up
                 for k in names[rep % len(names) :] + names[: rep % len(names)]:
@@ -83,9 +90,11 @@ def main() -> None:
                     )
                     if rep:
                         times[k].append(t)
+                    else:
+                        first[k] = t
         finally:
             pool.shutdown()
-    res = {k: {"median_s": median(v), "all_s": v} for k, v in times.items()}
+    res = {k: {"median_s": median(v), "first_s": first[k], "all_s": v} for k, v in times.items()}
     shape = {
         "prompts": o.batch_size,
         "n": o.group_size,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -327,6 +328,9 @@ def main() -> None:
             return
         if a.only != "trl":
             results["rlfleet"] = run_rlfleet(argv, tmp / "rlfleet", logs / "rlfleet.log")
+            if a.logs:  # the trainer's and vLLM's own logs beside the command's, as rlfleet_<dir>_<file>
+                for f in (tmp / "rlfleet" / "logs").rglob("*.log"):
+                    shutil.copy(f, logs / f"rlfleet_{f.parent.name}_{f.name}")
             print("rlfleet", {k: v for k, v in results["rlfleet"].items() if k != "per_step"}, flush=True)
         env["loadavg_between"] = os.getloadavg()
         if a.only != "rlfleet":

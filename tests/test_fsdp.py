@@ -134,7 +134,9 @@ def test_two_gloo_ranks_match_one_process_and_resume_on_one(tiny_model, tmp_path
     shutil.copytree(ref, dist2)
 
     _run(ref, tiny_model, 3, None)  # one plain process: the reference
-    _run(dist2, tiny_model, 1, 2)  # FSDP2 over 2 gloo ranks: step 0, checkpointed as DCP shards
+    # FSDP2 over 2 gloo ranks: steps 0 and 1, each checkpointed as DCP shards (the second through
+    # the host buffers the first filled: it must hold step 1's state, not step 0's)
+    _run(dist2, tiny_model, 2, 2)
     ckpt = dist2 / "checkpoints" / "step_0"
     assert (ckpt / "dcp" / ".metadata").is_file() and not (ckpt / "optimizer.pt").exists()
     assert dcp_ranks(ckpt / "dcp") == {0, 1}  # each rank wrote its shards
@@ -144,7 +146,8 @@ def test_two_gloo_ranks_match_one_process_and_resume_on_one(tiny_model, tmp_path
     for (name, a), b in zip(ref_model.state_dict().items(), got_model.state_dict().values(), strict=True):
         assert torch.allclose(a, b, atol=1e-5), name
 
-    _run(dist2, tiny_model, 3, None)  # resumes steps 1-2 in one process from the 2-rank DCP checkpoint
+    assert (dist2 / "checkpoints" / "step_1" / "dcp" / ".metadata").is_file()
+    _run(dist2, tiny_model, 3, None)  # resumes step 2 in one process from the 2-rank DCP checkpoint 1
     want, got = _losses(ref, range(3)), _losses(dist2, range(3))
     assert want[0] != want[2]  # the steps really trained
     assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
