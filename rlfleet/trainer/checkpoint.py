@@ -151,7 +151,7 @@ def snapshot_checkpoint(
     state = _hf_state(model, par)  # rank 0's full copy (the gather is a collective)
     sharded = par is not None and par.enabled
     if sharded:
-        trainer_state = (host or HostCopy(pinned=False))(_dcp_state(model, optimizer))
+        trainer_state = (host or HostCopy(pinned=False))(dcp_state(model, optimizer))
         optim = None
     else:
         optim = _cpu_copy(optimizer.state_dict())
@@ -188,18 +188,28 @@ class HostCopy:
     allocated at the first checkpoint and refilled at every later one, as torchtitan's async
     checkpoints do; `pinned` on a GPU, where the copy is a DMA. Allocating it afresh for every
     checkpoint (5 GB of pinned memory at the 0.5B shape) held each checkpoint step ~2 s longer on an
-    H100 than the copy itself."""
+    H100 than the copy itself; allocated within the first checkpoint step, 4.2 s."""
 
     def __init__(self, pinned: bool):
         self.pinned = pinned
         self._buffers: dict[str, Any] | None = None
 
+    @property
+    def allocated(self) -> bool:
+        return self._buffers is not None
+
+    def allocate(self, state: dict[str, Any]) -> None:
+        """Buffers shaped like `state` (any thread: it reads shapes, and copies nothing that matters)."""
+        from torch.distributed._state_dict_utils import _create_cpu_state_dict
+
+        self._buffers = _create_cpu_state_dict(state, pin_memory=self.pinned)
+
     def __call__(self, state: dict[str, Any]) -> dict[str, Any]:
         """`state` with every tensor replaced by its copy in the buffers (other values as they are)."""
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+        from torch.distributed._state_dict_utils import _copy_state_dict
 
         if self._buffers is None:
-            self._buffers = _create_cpu_state_dict(state, pin_memory=self.pinned)
+            self.allocate(state)
         copied = _copy_state_dict(state, self._buffers, non_blocking=self.pinned)
         if self.pinned:
             torch.cuda.synchronize()
@@ -257,7 +267,7 @@ def _cpu_copy(obj: Any) -> Any:
     return tree_map(lambda x: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else x, obj)
 
 
-def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(hf_model(model), optimizer)
@@ -269,7 +279,7 @@ def load_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    state = _dcp_state(model, optimizer)
+    state = dcp_state(model, optimizer)
     dcp.load(state, checkpoint_id=path)
     set_state_dict(
         hf_model(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]

@@ -125,6 +125,7 @@ def checkpoint_if_due(
 ) -> float | None:
     """Checkpoint every `checkpoint_interval` steps (written in the background) and at the last
     (written before this returns: the run's result). Seconds the step spent on it, or None."""
+    checkpointer.prepare(policy, optimizer)
     if not is_checkpoint_step(step, cfg.trainer.checkpoint_interval, cfg.max_steps):
         return None
     t0 = time.perf_counter()
