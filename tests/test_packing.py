@@ -136,9 +136,10 @@ def test_packed_sft_step_equals_padded(tiny_model):
 
 
 def test_warm_up_leaves_parameters_grads_and_rng_as_they_were(tiny_model):
-    """The trainer's start-up warm-up runs a real forward and backward and changes nothing a step
-    depends on: a warmed-up trainer's first step equals a cold one's."""
-    from rlfleet.trainer.train import warm_up
+    """The trainer's start-up (a real forward and backward; the optimizer's state created early for
+    the checkpoint buffers) changes nothing a step depends on: a warmed-up trainer's first step
+    equals a cold one's."""
+    from rlfleet.trainer.train import init_optimizer_state, warm_up
 
     recs = _records(16)
     num_tokens = sum(sum(r["loss_mask"]) for r in recs)
@@ -153,8 +154,12 @@ def test_warm_up_leaves_parameters_grads_and_rng_as_they_were(tiny_model):
             assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
             assert all(p.grad is None for p in model.parameters())
             assert torch.equal(torch.get_rng_state(), rng)
+        optimizer = make_optimizer(model, cfg)
+        if warmed:
+            init_optimizer_state(optimizer)
+            assert len(optimizer.state) == len(list(model.parameters()))
         micro = packed_micro_batches(recs, pad_id=0, seq_len=48, rows_per_micro=2)
-        metrics = train_step(model, make_optimizer(model, cfg), micro, num_tokens, cfg)
+        metrics = train_step(model, optimizer, micro, num_tokens, cfg)
         results.append((metrics["loss"], [p.detach().clone() for p in model.parameters()]))
     (cold_loss, cold), (warm_loss, warm) = results
     assert cold_loss == warm_loss

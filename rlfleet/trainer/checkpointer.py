@@ -21,6 +21,7 @@ import torch
 from rlfleet.store import RunStore
 from rlfleet.trainer.checkpoint import HostCopy, dcp_state, prune_checkpoints, snapshot_checkpoint
 from rlfleet.trainer.parallel import Parallel
+from rlfleet.trainer.train import init_optimizer_state
 
 log = logging.getLogger("rlfleet.checkpoint")
 
@@ -32,18 +33,23 @@ class Checkpointer:
         self._pending: tuple[int, Future] | None = None
         self._group = None
         self._host = HostCopy(pinned=par.device.type == "cuda")
-        self._allocating: Future | None = None
         if par.enabled:  # DCP's collectives run in the worker thread: never on the training group
             import torch.distributed as dist
 
             self._group = dist.new_group(backend="gloo")
 
-    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """After the first optimizer step (the optimizer's state exists from then on), make the
-        host buffers of a sharded state in the writer thread, while training goes on, so the first
-        checkpoint step pays a copy and not the allocation. Later calls do nothing."""
-        if self.par.enabled and self._allocating is None and not self._host.allocated:
-            self._allocating = self._pool.submit(self._host.allocate, dcp_state(model, optimizer))
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:
+        """Make the host buffers of a sharded state at start-up, while vLLM starts; seconds spent.
+
+        Allocating them (5 GB of pinned memory at the 0.5B shape on an H100, 4.2 s) held the first
+        checkpoint step as long, and beside the first training steps slowed each of them ~2x. The
+        optimizer's state is created first, as its first step would create it."""
+        if not self.par.enabled or self._host.allocated:
+            return 0.0
+        t0 = time.perf_counter()
+        init_optimizer_state(optimizer)
+        self._host.allocate(dcp_state(model, optimizer))
+        return time.perf_counter() - t0
 
     def save(
         self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, cursor: dict[str, Any]
@@ -52,8 +58,6 @@ class Checkpointer:
         previous write, then copying)."""
         t0 = time.perf_counter()
         self.wait()
-        if self._allocating is not None:
-            self._allocating.result()
         t1 = time.perf_counter()
         write = snapshot_checkpoint(
             self.store, step, model, optimizer, cursor, self.tokenizer_dir, self.par, self._group, self._host

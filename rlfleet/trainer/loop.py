@@ -125,7 +125,6 @@ def checkpoint_if_due(
 ) -> float | None:
     """Checkpoint every `checkpoint_interval` steps (written in the background) and at the last
     (written before this returns: the run's result). Seconds the step spent on it, or None."""
-    checkpointer.prepare(policy, optimizer)
     if not is_checkpoint_step(step, cfg.trainer.checkpoint_interval, cfg.max_steps):
         return None
     t0 = time.perf_counter()
@@ -140,18 +139,20 @@ def run_trainer(cfg: TrainerJobConfig) -> None:
     ckpt = latest_checkpoint(store)
     start = 0 if ckpt is None else ckpt["step"] + 1
     par, model, optimizer = build_resumed(cfg, store, ckpt)
+    checkpointer = Checkpointer(store, cfg.model.path, cfg.trainer.keep_checkpoints, par)
     log.info(
-        "trainer rank %d/%d on %s, starting at step %d (checkpoint: %s); warm-up %.2f s",
+        "trainer rank %d/%d on %s, starting at step %d (checkpoint: %s); warm-up %.2f s, "
+        "checkpoint buffers %.2f s",
         par.rank,
         par.world,
         par.device,
         start,
         ckpt and ckpt["step"],
         warm_up(model, par),
+        checkpointer.prepare(model, optimizer),
     )
 
     publisher = make_publisher(cfg, store, par)
-    checkpointer = Checkpointer(store, cfg.model.path, cfg.trainer.keep_checkpoints, par)
     step, failed = start, True
     try:
         for step in range(start, cfg.max_steps):

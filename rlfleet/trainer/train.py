@@ -70,6 +70,20 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainerConfig) -> torch.optim.Op
     )
 
 
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's state now, exactly as its first step would (AdamW: zero moments,
+    step 0): torch's own zero-gradient, zero-lr step (what DCP does before loading a state), with
+    the step counts put back to 0. Lets the trainer size its checkpoint buffers at start-up."""
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+    if optimizer.state:
+        return
+    _init_optim_state(optimizer)
+    for state in optimizer.state.values():
+        if torch.is_tensor(state.get("step")):
+            state["step"].zero_()
+
+
 def shard_micro_batches(
     micro_batches: list[dict[str, torch.Tensor]], par: Parallel | None
 ) -> list[dict[str, torch.Tensor]]:
