@@ -106,7 +106,11 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
         if start < cfg.max_steps:
             # the trainer loads its model, and this process the tokenizer (10 s for the 32k-id
             # benchmark one), while vLLM starts: all are ready when step `start` begins
-            warm = start_trainer.with_options(**retry_options(cfg)).submit(quote(cfg), train_gpus)
+            # no timeout: a future runs in a worker thread, where Prefect cannot enforce one and
+            # warns that it cannot; the task only starts the process and returns
+            warm = start_trainer.with_options(**dict(retry_options(cfg), timeout_seconds=None)).submit(
+                quote(cfg), train_gpus
+            )
             threading.Thread(target=load_tokenizer, args=(cfg.model.path,), daemon=True).start()
             launched = launch_inference_pool.with_options(
                 **retry_options(cfg, cfg.inference.startup_timeout_s + 60)
