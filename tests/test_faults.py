@@ -223,9 +223,15 @@ def flow_run_logs(run_id) -> list:
         return client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
 
 
-def test_vllm_replica_killed_is_relaunched_with_current_weights(tiny_model, prefect_api, tmp_path):
+@pytest.mark.parametrize("transport", ["filesystem", "nccl"])
+def test_vllm_replica_killed_is_relaunched_with_current_weights(tiny_model, prefect_api, tmp_path, transport):
+    """The kill lands as step 1 is reported done. Through the filesystem the relaunched replica
+    loads the newest weights on disk; over nccl (gloo here) the trainer, whose send of step 1 lost
+    its receiver, builds a new group on the controller's request and sends step 1 to the new
+    replica, and broadcast_weights-1 finds it already there."""
     out = tmp_path / "run"
-    cfg = rl_config(tiny_model, out, max_steps=3, **{"tasks.retries": "2"})
+    extra = {"weights.transport": transport, "weights.nccl-port": str(free_port())}
+    cfg = rl_config(tiny_model, out, max_steps=3, **{"tasks.retries": "2", **extra})
     _, killer = run_and_kill(cfg, out / "metrics/step_1.json", out / "run/inference_0.pid")
     print(
         f"\nvLLM SIGKILL -> step 2 done: {(out / 'steps/step_2.json').stat().st_mtime - killer.killed_at:.1f} s"
@@ -236,6 +242,14 @@ def test_vllm_replica_killed_is_relaunched_with_current_weights(tiny_model, pref
     assert log.count("Application startup complete") == 2, "the replica was relaunched once"
     summary = json.loads((out / "summary.json").read_text())
     assert "replica.relaunched" in [r["event"] for r in summary["recoveries"]]
+    if transport == "nccl":  # the trainer answered the regroup and was not relaunched itself
+        assert json.loads((out / "sync/regrouped.json").read_text())["step"] == 1
+        assert "trainer.relaunched" not in [r["event"] for r in summary["recoveries"]]
+        assert [json.loads((out / f"steps/step_{s}.json").read_text())["policy_step"] for s in range(3)] == [
+            -1,
+            0,
+            1,
+        ]
     assert not psutil.pid_exists(killer.pid) or psutil.Process(killer.pid).status() == psutil.STATUS_ZOMBIE
     assert_no_process_left(out)
 

@@ -144,3 +144,77 @@ def test_receiver_gives_up_on_a_sender_that_exits_mid_broadcast():
             named.wait()
         holder.kill()
         holder.join()
+
+
+def _receive_regrouped(out_dir: str, not_id: str, q) -> None:
+    """A relaunched replica's worker: joins the group of the trainer's next regroup answer."""
+    from rlfleet.weights.nccl import REGROUPED
+
+    store = RunStore(out_dir)
+    while not store.exists(REGROUPED) or store.read_json(REGROUPED)["group"]["id"] == not_id:
+        time.sleep(0.01)
+    t = store.read_json(REGROUPED)
+    g = t["group"]
+    group = open_group(g["host"], g["port"], 1, g["world"], torch.device("cpu"), 30)
+    buckets = receive(t, group, torch.device("cpu"))
+    q.put((t["step"], {name: v.clone() for name, v in tensors.views(buckets, t["layout"])}))
+
+
+def test_nccl_regroup_brings_a_relaunched_receiver_to_the_newest_weights(tmp_path):
+    """A send nobody will receive (its receiver died) is abandoned for a new group once the
+    controller asks (`regroup`); a new receiver joins it and gets exactly the newest weights. A
+    trainer idle between steps answers from `poll`. The step's ticket names the new group."""
+    from rlfleet.weights.nccl import regroup
+
+    store = RunStore(str(tmp_path))
+    ctx = mp.get_context("spawn")
+    model = torch.nn.Linear(4, 3)
+    model.config = None
+    pub = NcclPublisher(store, Parallel(), "float32", free_port(), receivers=1, timeout_s=60)
+
+    def regroup_with(not_id: str, trainer_side) -> tuple[dict, int, dict]:
+        q, done = ctx.Queue(), threading.Event()
+        proc = ctx.Process(target=_receive_regrouped, args=(str(tmp_path), not_id, q))
+        proc.start()
+        worker = threading.Thread(target=trainer_side, args=(done,))
+        worker.start()
+        try:
+            answer = regroup(store, timeout_s=30)
+            step, got = q.get(timeout=60)
+        finally:
+            done.set()
+            worker.join(timeout=30)
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+        assert not worker.is_alive()
+        return answer, step, got
+
+    first_q = ctx.Queue()  # a replica's worker that takes step 0, then dies
+    old = ctx.Process(target=_receiver, args=(pub.port, str(tmp_path), 1, first_q))
+    old.start()
+    pub.publish(0, model)
+    pub.serve(0)
+    first_q.get(timeout=60)
+    old.join(timeout=30)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    sent = {k: v.clone() for k, v in model.state_dict().items()}
+    pub.publish(1, model)
+    # its send to the dead member fails or hangs; either way the regroup request moves it on
+    first, step, got = regroup_with("", lambda done: pub.serve(1))
+    assert step == 1 and first["step"] == 1 and first["group"]["id"].startswith("regroup-")
+    assert ticket(store, 1, "nccl")["group"] == first["group"]
+    assert all(torch.equal(sent[k], got[k]) for k in sent)
+
+    def idle(done: threading.Event) -> None:  # the trainer waiting for its next batch
+        while not done.is_set():
+            pub.poll()
+            time.sleep(0.01)
+
+    write_served(store, 1)
+    second, step, got = regroup_with(first["group"]["id"], idle)
+    assert step == 1 and second["group"]["id"] != first["group"]["id"]
+    assert ticket(store, 1, "nccl")["group"] == second["group"]
+    assert all(torch.equal(sent[k], got[k]) for k in sent)
+    pub.close()

@@ -247,7 +247,8 @@ def _step(
         "sample_seconds": roll.get("sample_seconds", 0.0),
         "trainer_seconds": metrics.get("step_seconds", 0.0),
         "broadcast_seconds": cast["seconds"],
-        "broadcast_parts": cast.get("calls", [{}])[0],  # replica 0: pause, load (per worker), resume
+        # replica 0: pause, load (per worker), resume; none when a regroup already brought the step
+        "broadcast_parts": (cast.get("calls") or [{}])[0],
         "phase_seconds": walls,
         "finished_at": time.time(),
     }

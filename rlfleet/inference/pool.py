@@ -39,6 +39,7 @@ class InferencePool:
         self.dropped: set[str] = set()  # external replicas that stopped answering
         self.asleep = False  # inference.sleep: weights and KV cache freed while the trainer steps
         self.relaunched: list[dict[str, Any]] = []  # dead replicas replaced, until a task reports them
+        self.unsynced = False  # relaunched replicas not yet brought to the served weights
 
     @property
     def urls(self) -> list[str]:
@@ -59,18 +60,20 @@ class InferencePool:
         if self.cfg.inference.urls:
             return self._external()
         dead = [r for r in self.replicas if not (r.process.alive() and healthy(r.url))]
-        if self.replicas and not dead:
-            return self.urls
-        self.relaunched += [
-            {"replica": r.index, "exit_code": r.process.returncode(), "weights": self.policy_step}
-            for r in dead
-        ]
-        stop_replicas(self.replicas)
-        self.replicas = launch_replicas(self.cfg, self.weights_path)
-        self.asleep = False
-        if self.ticket is not None and self.ticket["transport"] != "filesystem":
+        if dead or not self.replicas:
+            self.relaunched += [
+                {"replica": r.index, "exit_code": r.process.returncode(), "weights": self.policy_step}
+                for r in dead
+            ]
+            stop_replicas(self.replicas)
+            self.replicas = launch_replicas(self.cfg, self.weights_path)
+            self.asleep = False
+            self.unsynced = self.ticket is not None and self.ticket["transport"] != "filesystem"
+            write_served(run_store(self.cfg.output_dir), self.policy_step)
+        if self.unsynced:
             self._resync()
-        write_served(run_store(self.cfg.output_dir), self.policy_step)
+            for r in self.relaunched:  # what they serve now (nccl: maybe the step after)
+                r["weights"] = self.policy_step
         return self.urls
 
     def take_relaunched(self) -> list[dict[str, Any]]:
@@ -78,22 +81,30 @@ class InferencePool:
         return out
 
     def _resync(self) -> None:
-        """Relaunched replicas started from files; bring them to the weights the pool serves."""
+        """Relaunched replicas started from files; bring them to the weights the pool serves.
+        cuda_ipc: the trainer still holds them. nccl: the trainer builds a group that includes the
+        new workers and sends its newest weights (the served step or one newer) to every replica."""
         assert self.ticket is not None
-        if self.ticket["transport"] == "nccl":
-            raise DeterministicError(
-                "a relaunched vLLM replica cannot rejoin the trainer's nccl group mid-run; run the flow "
-                "again to resume from the last checkpoint (or use weights.transport = filesystem)"
-            )
+        ticket = self.ticket
+        if ticket["transport"] == "nccl":
+            from rlfleet.weights.nccl import regroup  # torch.distributed: only where nccl is used
+
+            ticket = regroup(run_store(self.cfg.output_dir), self.cfg.weights.timeout_s)
         log.warning(
-            "relaunched vLLM replicas: loading step %d through %s", self.policy_step, self.ticket["transport"]
+            "relaunched vLLM replicas: loading step %d through %s", ticket["step"], ticket["transport"]
         )
-        self._load_all(self.urls, self.ticket)
+        self._load_all(self.urls, ticket)
+        self.policy_step, self.ticket, self.unsynced = ticket["step"], ticket, False
+        write_served(run_store(self.cfg.output_dir), self.policy_step)
 
     def broadcast(self, ticket: dict[str, Any]) -> dict[str, Any]:
         """Load a weights ticket (rlfleet/weights) on every replica at once; a small manifest back."""
         start = time.perf_counter()
         urls = self.ensure()
+        if ticket["step"] <= self.policy_step and ticket["transport"] == "nccl":
+            # a relaunched replica's regroup (ensure) already brought every replica here; the
+            # trainer sent those weights once and sends nothing more for this step
+            return self._loaded(start, [])
         if self.asleep:  # weight memory first, then the new weights, then the KV cache
             self._post_all(urls, "wake_up", params={"tags": "weights"})
         calls = self._load_all(urls, ticket)
@@ -104,9 +115,12 @@ class InferencePool:
         if ticket["transport"] == "filesystem":
             self.weights_path = ticket["path"]
         write_served(run_store(self.cfg.output_dir), self.policy_step)  # the cuda_ipc trainer waits on it
+        return self._loaded(start, calls)
+
+    def _loaded(self, start: float, calls: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "step": self.policy_step,
-            "transport": ticket["transport"],
+            "transport": self.ticket["transport"] if self.ticket else "filesystem",
             "weights_path": self.weights_path,
             "replicas": self.urls,
             "seconds": time.perf_counter() - start,

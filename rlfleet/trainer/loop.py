@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,13 @@ def poll_interval(store: RunStore, poll_s: float) -> float:
     return poll_s if store.is_local else max(poll_s, 0.05)
 
 
-def wait_for_batch(store: RunStore, step: int, poll_s: float) -> None:
+def wait_for_batch(
+    store: RunStore, step: int, poll_s: float, idle: Callable[[], None] = lambda: None
+) -> None:
+    """Until step N's batch is published; `idle` runs at each poll (the publisher's requests)."""
     rel = step_dir("batches", step)
     while store.manifest(rel) is None:
+        idle()
         time.sleep(poll_interval(store, poll_s))
 
 
@@ -179,7 +184,7 @@ def _train_one(
 ) -> None:
     tc = cfg.trainer
     checkpointer.check()
-    wait_for_batch(store, step, tc.poll_interval_s)
+    wait_for_batch(store, step, tc.poll_interval_s, publisher.poll)
     t0 = time.perf_counter()
     batch_manifest, micro = load_micro_batches(store, step)
     metrics: dict[str, Any] = train_step(

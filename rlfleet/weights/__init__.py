@@ -10,7 +10,8 @@
 
 Trainer side: `publisher.make_publisher(...)`. Controller side: `tickets.ticket(...)` says what
 step N is for the chosen transport and `client.load(url, ticket)` hands it to a replica, whose
-worker runs `vllm_worker.WeightSync`. Checkpoints, resumes and relaunched replicas always load files.
+worker runs `vllm_worker.WeightSync`. Checkpoints and resumes load files; a relaunched replica
+starts from files and its transport brings it to the served weights (`InferencePool._resync`).
 This module stays import-light: the vLLM server command line and the flow import it.
 """
 

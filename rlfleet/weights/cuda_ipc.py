@@ -64,6 +64,9 @@ class IpcPublisher:
     def serve(self, step: int) -> None:
         """Nothing to do: vLLM reads the buffer when the controller hands it the ticket."""
 
+    def poll(self) -> None:
+        """Nothing to answer: a relaunched replica maps the buffer the replicas serve."""
+
     def close(self) -> None:
         self.slots.clear()
 

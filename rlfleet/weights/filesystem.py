@@ -29,6 +29,9 @@ class FilesystemPublisher:
     def serve(self, step: int) -> None:
         """Nothing to hand over: the replicas read the files when the controller asks them to."""
 
+    def poll(self) -> None:
+        """Nothing to answer: a relaunched replica reads the files."""
+
     def close(self) -> None:
         pass
 

@@ -16,10 +16,19 @@ A trainer that dies mid-send must not leave a worker in the collective until the
 that process is gone, and the controller relaunches the trainer and waits for a ticket whose
 sender runs (`tasks/rl.py`). Every member is on one node (`config/weights.py`), so "gone" is a
 local process check.
+
+A relaunched vLLM replica is a new member, and a group cannot grow: the controller asks for a new
+one (`regroup`, `sync/regroup.json`). The trainer answers between steps or from inside a send it
+is waiting on (which it abandons): it opens a group with the request's id, rewrites its newest
+ticket to name it, writes that ticket as the answer (`sync/regrouped.json`) and sends those
+weights again; the controller loads the answer on every replica, old and new. The newest weights
+are at least the served step (a relaunched trainer still replaying waits until it is there), so
+the pool can only move forward.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -37,9 +46,18 @@ from rlfleet.trainer.train import DTYPES
 from rlfleet.weights import tensors
 from rlfleet.weights.tickets import served_step, ticket, ticket_rel
 
+log = logging.getLogger("rlfleet.weights")
+
+REGROUP = "sync/regroup.json"  # the controller's request: {"id", "by": the asking process}
+REGROUPED = "sync/regrouped.json"  # the trainer's answer: a ticket whose group id is the request's
+
 
 class SenderDied(RuntimeError):
     """The trainer process that was sending the weights exited; its relaunch sends them again."""
+
+
+class Regrouped(RuntimeError):
+    """The controller asked for a new group while a send waited: the send is abandoned."""
 
 
 @dataclass
@@ -48,10 +66,25 @@ class Group:
     store: dist.TCPStore  # on rank 0 the rendezvous server: it lives as long as the group
 
 
-def open_group(host: str, port: int, rank: int, world: int, device: torch.device, timeout_s: float) -> Group:
-    """A process group of its own (not the default one), rank 0 hosting the rendezvous store."""
+def rendezvous(host: str, port: int, rank: int, world: int, timeout_s: float) -> dist.TCPStore:
+    """The group's store; rank 0 hosts it (port 0: a free one, `.port`)."""
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
+    return dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
+
+
+def open_group(
+    host: str,
+    port: int,
+    rank: int,
+    world: int,
+    device: torch.device,
+    timeout_s: float,
+    store: dist.TCPStore | None = None,
+) -> Group:
+    """A process group of its own (not the default one) over `store` (else a new `rendezvous`).
+    gloo connects every member here; NCCL at the first collective."""
+    timeout = timedelta(seconds=timeout_s)
+    store = store or rendezvous(host, port, rank, world, timeout_s)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         opts = dist.ProcessGroupNCCL.Options()
@@ -82,29 +115,36 @@ def live_ticket(
     return t
 
 
-def broadcast(group: Group, buckets: list[torch.Tensor], sender: dict[str, Any] | None = None) -> None:
-    """Rank 0 sends `buckets`, the others receive into theirs. A receiver given the `sender`
-    ticket polls its work and aborts the group if the sending process is gone (SenderDied)."""
+def broadcast(
+    group: Group, buckets: list[torch.Tensor], stop: Callable[[], Exception | None] | None = None
+) -> None:
+    """Rank 0 sends `buckets`, the others receive into theirs. With `stop`, the wait polls it and
+    aborts the group, raising what it returns, as soon as it returns an exception: a receiver's
+    sender is gone (SenderDied), a sender was asked for a new group (Regrouped)."""
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
-    if sender is None:
-        for b in buckets:
-            group.pg.broadcast([b], opts).wait()
-    else:
-        works = [group.pg.broadcast([b], opts) for b in buckets]
+    works = [group.pg.broadcast([b], opts) for b in buckets]
+    if stop is not None:
         pause = 1e-4
         while not all(w.is_completed() for w in works):
-            if not sender_running(sender):
+            if (exc := stop()) is not None:
                 group.pg.abort()
-                raise SenderDied(
-                    f"the trainer (pid {sender['group']['pid']}) exited during the weight broadcast"
-                )
+                raise exc
             time.sleep(pause)
             pause = min(pause * 2, 0.005)
-        for w in works:
-            w.wait()  # raises what the backend saw
+    for w in works:
+        w.wait()  # raises what the backend saw
     if buckets and buckets[0].is_cuda:
         torch.cuda.synchronize(buckets[0].device)
+
+
+def sender_gone(ticket: dict[str, Any]) -> Callable[[], Exception | None]:
+    def check() -> Exception | None:
+        if sender_running(ticket):
+            return None
+        return SenderDied(f"the trainer (pid {ticket['group']['pid']}) exited during the weight broadcast")
+
+    return check
 
 
 class NcclPublisher:
@@ -118,6 +158,8 @@ class NcclPublisher:
         self.group: Group | None = None
         self.layout: list | None = None
         self.buckets: list[torch.Tensor] = []
+        self.ticket: dict[str, Any] | None = None  # the newest one written: what the buckets hold
+        self.next_look = 0.0  # when to read the regroup request again
 
     def publish(self, step: int, model: torch.nn.Module) -> None:
         sd = tensors.full_state_dict(model, self.par.enabled)
@@ -126,28 +168,107 @@ class NcclPublisher:
             sizes = tensors.bucket_sizes(self.layout)
             self.buckets = [torch.empty(n, dtype=self.dtype, device=self.par.device) for n in sizes]
         tensors.fill(self.buckets, self.layout, sd)
-        ticket: dict[str, Any] = {
+        self.ticket = {
             "transport": "nccl",
             "step": step,
-            "group": {
-                "id": self.group_id,
-                "host": "127.0.0.1",
-                "port": self.port,
-                "world": self.world,
-                **self.sender,
-            },
+            "group": self._group_info(),
             "timeout_s": self.timeout_s,
             "dtype": str(self.dtype).removeprefix("torch."),
             "layout": self.layout,
         }
-        self.store.write_json(ticket_rel(step), ticket)
+        self.store.write_json(ticket_rel(step), self.ticket)
+
+    def _group_info(self) -> dict[str, Any]:
+        return {
+            "id": self.group_id,
+            "host": "127.0.0.1",
+            "port": self.port,
+            "world": self.world,
+            **self.sender,
+        }
 
     def serve(self, step: int) -> None:
         if (held := served_step(self.store)) is not None and held >= step:
-            return  # a replayed step: the replicas are past it and nobody will receive it
-        if self.group is None:
-            self.group = open_group("127.0.0.1", self.port, 0, self.world, self.par.device, self.timeout_s)
-        broadcast(self.group, self.buckets)
+            self.poll()  # a replayed step: the replicas are past it and nobody will receive it
+            return
+        self._send()
+
+    def poll(self) -> None:
+        """Between steps (the trainer polls this while it waits for a batch): answer a regroup
+        request, once the newest weights here are the served ones or newer."""
+        if self.ticket is None or not self._due() or self._request() is None:
+            return
+        if (held := served_step(self.store)) is not None and self.ticket["step"] < held:
+            return  # a relaunched trainer still replaying: it answers when it gets there
+        self._send()
+
+    def _send(self) -> None:
+        """Send the newest weights; a regroup request, pending or arriving while the receivers are
+        awaited, first moves them to a new group."""
+        while True:
+            if (request := self._request()) is not None:
+                self._regroup(request["id"])
+            if self.group is None:
+                self.group = open_group(
+                    "127.0.0.1", self.port, 0, self.world, self.par.device, self.timeout_s
+                )
+            try:
+                return broadcast(self.group, self.buckets, stop=self._asked_to_regroup)
+            except Regrouped:
+                self.group = None
+            except RuntimeError as e:  # a member is gone (gloo says so; NCCL hangs: see `stop`)
+                self.group = None
+                self._await_request(e)
+
+    def _await_request(self, error: RuntimeError) -> None:
+        """A receiver died: its replica's relaunch brings a regroup request; without one in
+        `timeout_s`, the send's error stands."""
+        deadline = time.monotonic() + self.timeout_s
+        while self._request() is None:
+            if time.monotonic() > deadline:
+                raise error
+            time.sleep(0.05)
+
+    def _request(self) -> dict[str, Any] | None:
+        """The controller's regroup request, unless it was answered (by this trainer or a dead
+        one) or the controller that asked is gone (nobody would receive)."""
+        if not self.store.exists(REGROUP):
+            return None
+        request = self.store.read_json(REGROUP)
+        answered = self.store.read_json(REGROUPED) if self.store.exists(REGROUPED) else {"group": {}}
+        if answered["group"].get("id") == request["id"] or not running(**request["by"]):
+            return None
+        return request
+
+    def _due(self) -> bool:
+        """Whether to read the request file again: a local stat is cheap, an object store's is not."""
+        now = time.monotonic()
+        if now < self.next_look:
+            return False
+        self.next_look = now + (0.02 if self.store.is_local else 0.2)
+        return True
+
+    def _asked_to_regroup(self) -> Exception | None:
+        if self._due() and self._request() is not None:
+            return Regrouped("the controller asked for a new weight-sync group")
+        return None
+
+    def _regroup(self, request_id: str) -> None:
+        """A new group named by the request (rendezvous on a free port), the newest ticket
+        rewritten to name it, and that ticket as the answer."""
+        assert self.ticket is not None
+        store = rendezvous("127.0.0.1", 0, 0, self.world, self.timeout_s)
+        self.group_id, self.port = request_id, store.port
+        self.ticket = {**self.ticket, "group": self._group_info()}
+        self.store.write_json(ticket_rel(self.ticket["step"]), self.ticket)
+        self.store.write_json(REGROUPED, self.ticket)  # the members connect once they read it
+        log.warning(
+            "weight sync: a new group (%s, port %d) for a relaunched vLLM replica; sending step %d again",
+            request_id,
+            self.port,
+            self.ticket["step"],
+        )
+        self.group = open_group("127.0.0.1", self.port, 0, self.world, self.par.device, self.timeout_s, store)
 
     def close(self) -> None:
         self.group = None  # drops the rendezvous server with it
@@ -157,5 +278,24 @@ def receive(ticket: dict[str, Any], group: Group, device: torch.device) -> list[
     """The buckets of `ticket`, received from rank 0 into fresh buffers on `device`."""
     dtype = DTYPES[ticket["dtype"]]
     buckets = [torch.empty(n, dtype=dtype, device=device) for n in tensors.bucket_sizes(ticket["layout"])]
-    broadcast(group, buckets, sender=ticket)
+    broadcast(group, buckets, stop=sender_gone(ticket))
     return buckets
+
+
+def regroup(store: RunStore, timeout_s: float, poll_s: float = 0.05) -> dict[str, Any]:
+    """The controller's side: ask the trainer for a new group and return its answer, a ticket of
+    the newest weights to load on every replica. Raises TimeoutError if no running trainer answers
+    in `timeout_s` (a dead one is relaunched by the next task; the request stays and is answered then)."""
+    request_id = f"regroup-{os.getpid()}-{time.time_ns()}"
+    store.write_json(REGROUP, {"id": request_id, "by": this_process()})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if store.exists(REGROUPED):
+            answer = store.read_json(REGROUPED)
+            if answer["group"]["id"] == request_id and sender_running(answer):
+                return answer
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"no running trainer answered the weight-sync regroup request in {timeout_s:.0f} s"
+            )
+        time.sleep(poll_s)

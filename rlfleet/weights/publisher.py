@@ -18,6 +18,10 @@ class Publisher(Protocol):
     def serve(self, step: int) -> None:
         """Hand them over if the transport pushes (nccl); runs after the step's metrics."""
 
+    def poll(self) -> None:
+        """Between steps, while the trainer waits for a batch: answer the controller's requests
+        (nccl: a new group for a relaunched replica)."""
+
     def close(self) -> None: ...
 
 
