@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _SENTINEL = "\x00rlfleet-turn\x00"
 _BASE = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _SENTINEL}]

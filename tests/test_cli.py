@@ -230,3 +230,14 @@ def test_bad_env_fails_before_anything_starts(base, tmp_path, capsys, monkeypatc
     assert main(["rl", "@", str(tmp_path / "env.toml"), *base]) == 2
     assert expected in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_rl_flow_module_leaves_torch_and_transformers_for_later():
+    """`rlfleet rl` imports the flow before Prefect's server and vLLM start; torch and transformers
+    (~6 s on 2 cores) load beside vLLM's start instead (the tokenizer thread, the first batch)."""
+    import subprocess
+    import sys
+
+    code = "import sys, rlfleet.flows.rl; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -17,8 +17,9 @@ from rlfleet.runs.lock import acquire_run_lock, release_run_lock
 from rlfleet.runs.resume import resume_step
 from rlfleet.runs.status import spans, status
 from rlfleet.store import RunStore
-from rlfleet.trainer.checkpoint import latest_checkpoint, publish_weights, snapshot_checkpoint
-from rlfleet.trainer.loop import read_trainer_error, record_trainer_error
+from rlfleet.trainer.checkpoint import publish_weights, snapshot_checkpoint
+from rlfleet.trainer.files import latest_checkpoint, read_trainer_error
+from rlfleet.trainer.loop import record_trainer_error
 from rlfleet.weights.filesystem import newest_weights
 
 

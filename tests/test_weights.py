@@ -148,7 +148,7 @@ def test_receiver_gives_up_on_a_sender_that_exits_mid_broadcast():
 
 def _receive_regrouped(out_dir: str, not_id: str, q) -> None:
     """A relaunched replica's worker: joins the group of the trainer's next regroup answer."""
-    from rlfleet.weights.nccl import REGROUPED
+    from rlfleet.weights.tickets import REGROUPED
 
     store = RunStore(out_dir)
     while not store.exists(REGROUPED) or store.read_json(REGROUPED)["group"]["id"] == not_id:
@@ -164,7 +164,7 @@ def test_nccl_regroup_brings_a_relaunched_receiver_to_the_newest_weights(tmp_pat
     """A send nobody will receive (its receiver died) is abandoned for a new group once the
     controller asks (`regroup`); a new receiver joins it and gets exactly the newest weights. A
     trainer idle between steps answers from `poll`. The step's ticket names the new group."""
-    from rlfleet.weights.nccl import regroup
+    from rlfleet.weights.tickets import regroup
 
     store = RunStore(str(tmp_path))
     ctx = mp.get_context("spawn")

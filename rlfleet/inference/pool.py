@@ -21,7 +21,7 @@ from rlfleet.net import tls
 from rlfleet.procs import wait_until
 from rlfleet.store import run_store
 from rlfleet.weights.client import load
-from rlfleet.weights.tickets import write_served
+from rlfleet.weights.tickets import regroup, write_served
 
 log = logging.getLogger("rlfleet.inference")
 
@@ -87,8 +87,6 @@ class InferencePool:
         assert self.ticket is not None
         ticket = self.ticket
         if ticket["transport"] == "nccl":
-            from rlfleet.weights.nccl import regroup  # torch.distributed: only where nccl is used
-
             ticket = regroup(run_store(self.cfg.output_dir), self.cfg.weights.timeout_s)
         log.warning(
             "relaunched vLLM replicas: loading step %d through %s", ticket["step"], ticket["transport"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from rlfleet.batches import micro_batches, write_micro_batches
 from rlfleet.errors import DeterministicError
 from rlfleet.orchestrator.advantages import grpo_advantages
 from rlfleet.orchestrator.rollout import read_rollout, staleness, usable
@@ -55,6 +54,8 @@ def build_batches(
             f"rollouts/step_{step}: staleness {min(stale)}..{max(stale)} outside 0..{max_async_level}"
         )
     stage = store.staging_dir(step_dir("batches", step))
+    from rlfleet.batches import micro_batches, write_micro_batches  # torch: after the flow has started
+
     micro = micro_batches(records, pad_id, micro_batch_size, seq_len)
     write_micro_batches(stage, micro)
     meta = {

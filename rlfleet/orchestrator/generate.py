@@ -13,14 +13,16 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from rlfleet.chat import continuation_ids, parse_assistant, prompt_ids
 from rlfleet.errors import DeterministicError
 from rlfleet.orchestrator.envs.base import Environment, Example, RewardError, Trajectory
 from rlfleet.orchestrator.envs.usercode import describe
 from rlfleet.orchestrator.sampler import Sample, sample_with_healing
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("rlfleet.orchestrator")
 

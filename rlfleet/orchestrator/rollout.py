@@ -9,20 +9,23 @@ import time
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
-
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from rlfleet.config.models import OrchestratorConfig
 from rlfleet.orchestrator.envs import Trajectory, load_envs
 from rlfleet.orchestrator.generate import SamplingParams, generate, raise_if_none_scored
 from rlfleet.store import RunStore, step_dir
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 log = logging.getLogger("rlfleet.orchestrator")
 
 
 @lru_cache(maxsize=4)
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer  # ~6 s of imports: not on the flow's start-up path
+
     return AutoTokenizer.from_pretrained(path)
 
 

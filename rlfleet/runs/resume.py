@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlfleet.store import RunStore, step_dir
-from rlfleet.trainer.checkpoint import latest_checkpoint
+from rlfleet.trainer.files import latest_checkpoint
 
 
 def resume_step(store: RunStore) -> int:

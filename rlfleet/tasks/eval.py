@@ -12,7 +12,7 @@ from rlfleet.inference.server import launch_replicas, stop_replicas
 from rlfleet.orchestrator.evaluate import evaluate
 from rlfleet.store import CorruptArtifact, RunStore, run_store, step_dir
 from rlfleet.tasks.rl import step_key
-from rlfleet.trainer.checkpoint import checkpoint_model_path, latest_checkpoint
+from rlfleet.trainer.files import checkpoint_model_path, latest_checkpoint
 
 
 def eval_record(store: RunStore, step: int | None, result: dict[str, Any], source: str) -> dict[str, Any]:

@@ -28,11 +28,9 @@ from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout, usable
 from rlfleet.store import RunStore, run_store, step_dir
 from rlfleet.tasks.storage import result_storage
-from rlfleet.trainer.checkpoint import latest_checkpoint
+from rlfleet.trainer.files import is_checkpoint_step, latest_checkpoint
 from rlfleet.trainer.launch import TrainerProcess, get_trainer
-from rlfleet.trainer.loop import is_checkpoint_step
-from rlfleet.weights.nccl import live_ticket
-from rlfleet.weights.tickets import ticket
+from rlfleet.weights.tickets import live_ticket, ticket
 
 
 def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:

@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from rlfleet.store import CorruptArtifact, RunStore, step_dir
+from rlfleet.store import RunStore, step_dir
 from rlfleet.store import stage as stage_locally
+from rlfleet.trainer.files import latest_checkpoint
 from rlfleet.trainer.parallel import Parallel
 
 log = logging.getLogger("rlfleet.checkpoint")
@@ -296,26 +297,6 @@ def load_trainer_state(
         return
     local = store.local_path(rel) if store.is_local else stage_locally(store, rel, keep=1)  # verified copy
     load_dcp(model, optimizer, str(local / "dcp"))
-
-
-def latest_checkpoint(store: RunStore) -> dict[str, Any] | None:
-    """The manifest of the newest checkpoint whose files all verify, or None."""
-    for step in reversed(store.complete_steps("checkpoints")):
-        try:
-            manifest = store.manifest(step_dir("checkpoints", step), verify=True)
-        except CorruptArtifact as e:
-            log.warning("checkpoint step %d is corrupt (%s); falling back to the previous one", step, e)
-            continue
-        if manifest is not None:
-            return manifest
-    return None
-
-
-def checkpoint_model_path(store: RunStore, step: int) -> str:
-    """A path `from_pretrained` can read; a remote checkpoint is staged (verified) to the local cache."""
-    if store.is_local:
-        return str(store.local_path(step_dir("checkpoints", step), "model"))
-    return str(stage_locally(store, step_dir("checkpoints", step), keep=1) / "model")
 
 
 def load_optimizer_state(

@@ -10,7 +10,7 @@ from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import DeterministicError, TransientError
 from rlfleet.procs import RANK_LOGS, ManagedProcess, python_module_cmd
 from rlfleet.store import RunStore, local_dir
-from rlfleet.trainer.loop import poll_interval, read_trainer_error
+from rlfleet.trainer.files import poll_interval, read_trainer_error
 
 
 def torchrun_cmd(nproc: int, cli_args: list[str]) -> list[str]:

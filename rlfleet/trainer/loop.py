@@ -23,23 +23,21 @@ from rlfleet.batches import load_micro_batches
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import is_transient
 from rlfleet.store import RunStore, run_store, step_dir
-from rlfleet.trainer.checkpoint import checkpoint_model_path, latest_checkpoint, load_trainer_state
+from rlfleet.trainer.checkpoint import load_trainer_state
 from rlfleet.trainer.checkpointer import Checkpointer
+from rlfleet.trainer.files import (
+    ERROR_FILE,
+    checkpoint_model_path,
+    is_checkpoint_step,
+    latest_checkpoint,
+    poll_interval,
+    read_trainer_error,
+)
 from rlfleet.trainer.parallel import Parallel, parallelize, setup, teardown
 from rlfleet.trainer.train import DTYPES, Policy, load_model, make_optimizer, pick_device, train_step, warm_up
 from rlfleet.weights.publisher import Publisher, make_publisher
 
 log = logging.getLogger("rlfleet.trainer")
-
-
-def is_checkpoint_step(step: int, interval: int, max_steps: int) -> bool:
-    return (step + 1) % interval == 0 or step == max_steps - 1
-
-
-def poll_interval(store: RunStore, poll_s: float) -> float:
-    """A local stat is cheap, so poll often (every poll is latency added to the step); an object
-    store answers each poll with a request, so at most 20 a second there."""
-    return poll_s if store.is_local else max(poll_s, 0.05)
 
 
 def wait_for_batch(
@@ -50,13 +48,6 @@ def wait_for_batch(
     while store.manifest(rel) is None:
         idle()
         time.sleep(poll_interval(store, poll_s))
-
-
-ERROR_FILE = "run/trainer_error.json"
-
-
-def read_trainer_error(store: RunStore) -> dict[str, Any] | None:
-    return store.read_json(ERROR_FILE) if store.exists(ERROR_FILE) else None
 
 
 def record_trainer_error(store: RunStore, step: int, exc: BaseException) -> None:

@@ -23,12 +23,9 @@ from rlfleet.config.models import SFTConfig
 from rlfleet.report import curve_png, mean_or_none, step_progress
 from rlfleet.runs.resume import discard_stale
 from rlfleet.store import RunStore, run_store, step_dir
-from rlfleet.trainer.checkpoint import (
-    latest_checkpoint,
-    prune_weights,
-    publish_weights,
-)
+from rlfleet.trainer.checkpoint import prune_weights, publish_weights
 from rlfleet.trainer.checkpointer import Checkpointer
+from rlfleet.trainer.files import latest_checkpoint
 from rlfleet.trainer.loop import build_resumed, checkpoint_if_due
 from rlfleet.trainer.loss import sft_loss
 from rlfleet.trainer.parallel import Parallel, teardown

@@ -44,12 +44,9 @@ from rlfleet.store import RunStore
 from rlfleet.trainer.parallel import Parallel
 from rlfleet.trainer.train import DTYPES
 from rlfleet.weights import tensors
-from rlfleet.weights.tickets import served_step, ticket, ticket_rel
+from rlfleet.weights.tickets import REGROUP, REGROUPED, sender_running, served_step, ticket_rel
 
 log = logging.getLogger("rlfleet.weights")
-
-REGROUP = "sync/regroup.json"  # the controller's request: {"id", "by": the asking process}
-REGROUPED = "sync/regrouped.json"  # the trainer's answer: a ticket whose group id is the request's
 
 
 class SenderDied(RuntimeError):
@@ -93,26 +90,6 @@ def open_group(
     else:
         pg = dist.ProcessGroupGloo(store, rank, world, timeout)
     return Group(pg, store)
-
-
-def sender_running(ticket: dict[str, Any]) -> bool:
-    g = ticket["group"]
-    return running(g["pid"], g["started"])
-
-
-def live_ticket(
-    store: RunStore, step: int, failure: Callable[[], Exception | None], timeout_s: float, poll_s: float = 0.2
-) -> dict[str, Any]:
-    """Step N's ticket, once its sender runs: a relaunched trainer replays up to step N and writes
-    it again. `failure()` names a trainer that died meanwhile (raised)."""
-    deadline = time.monotonic() + timeout_s
-    while not sender_running(t := ticket(store, step, "nccl")):
-        if (error := failure()) is not None:
-            raise error
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no running trainer wrote the step {step} nccl ticket in {timeout_s:.0f} s")
-        time.sleep(poll_s)
-    return t
 
 
 def broadcast(
@@ -280,22 +257,3 @@ def receive(ticket: dict[str, Any], group: Group, device: torch.device) -> list[
     buckets = [torch.empty(n, dtype=dtype, device=device) for n in tensors.bucket_sizes(ticket["layout"])]
     broadcast(group, buckets, stop=sender_gone(ticket))
     return buckets
-
-
-def regroup(store: RunStore, timeout_s: float, poll_s: float = 0.05) -> dict[str, Any]:
-    """The controller's side: ask the trainer for a new group and return its answer, a ticket of
-    the newest weights to load on every replica. Raises TimeoutError if no running trainer answers
-    in `timeout_s` (a dead one is relaunched by the next task; the request stays and is answered then)."""
-    request_id = f"regroup-{os.getpid()}-{time.time_ns()}"
-    store.write_json(REGROUP, {"id": request_id, "by": this_process()})
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if store.exists(REGROUPED):
-            answer = store.read_json(REGROUPED)
-            if answer["group"]["id"] == request_id and sender_running(answer):
-                return answer
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"no running trainer answered the weight-sync regroup request in {timeout_s:.0f} s"
-            )
-        time.sleep(poll_s)

@@ -4,17 +4,25 @@ A ticket is a small JSON dict: `{"transport", "step", ...}`. The filesystem's na
 directory (`filesystem.newest_weights`); the others are written by the trainer to `sync/step_N.json`
 before it reports step N done, and say where vLLM finds the tensors. `run/weights_served.json` is
 the controller's acknowledgement (the step every replica holds): the cuda_ipc publisher waits on it
-before it overwrites a buffer a replica might still need.
+before it overwrites a buffer a replica might still need. The controller's side of nccl's
+handshakes lives here too (`live_ticket`, `regroup`): the flow imports this module, not torch.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from typing import Any
 
+from rlfleet.procs import running, this_process
 from rlfleet.store import RunStore
 
 SERVED = "run/weights_served.json"
+REGROUP = (
+    "sync/regroup.json"  # the controller's request for a new nccl group: {"id", "by": the asking process}
+)
+REGROUPED = "sync/regrouped.json"  # the trainer's answer: a ticket whose group id is the request's
 
 
 def ticket_rel(step: int) -> str:
@@ -50,5 +58,44 @@ def wait_served(store: RunStore, step: int, timeout_s: float, poll_s: float = 0.
             raise TimeoutError(
                 f"vLLM still holds weights {held} after {timeout_s:.0f} s; step {step} was expected "
                 "(weights.timeout_s)"
+            )
+        time.sleep(poll_s)
+
+
+def sender_running(ticket: dict[str, Any]) -> bool:
+    g = ticket["group"]
+    return running(g["pid"], g["started"])
+
+
+def live_ticket(
+    store: RunStore, step: int, failure: Callable[[], Exception | None], timeout_s: float, poll_s: float = 0.2
+) -> dict[str, Any]:
+    """Step N's ticket, once its sender runs: a relaunched trainer replays up to step N and writes
+    it again. `failure()` names a trainer that died meanwhile (raised)."""
+    deadline = time.monotonic() + timeout_s
+    while not sender_running(t := ticket(store, step, "nccl")):
+        if (error := failure()) is not None:
+            raise error
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no running trainer wrote the step {step} nccl ticket in {timeout_s:.0f} s")
+        time.sleep(poll_s)
+    return t
+
+
+def regroup(store: RunStore, timeout_s: float, poll_s: float = 0.05) -> dict[str, Any]:
+    """The controller's side: ask the trainer for a new group and return its answer, a ticket of
+    the newest weights to load on every replica. Raises TimeoutError if no running trainer answers
+    in `timeout_s` (a dead one is relaunched by the next task; the request stays and is answered then)."""
+    request_id = f"regroup-{os.getpid()}-{time.time_ns()}"
+    store.write_json(REGROUP, {"id": request_id, "by": this_process()})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if store.exists(REGROUPED):
+            answer = store.read_json(REGROUPED)
+            if answer["group"]["id"] == request_id and sender_running(answer):
+                return answer
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"no running trainer answered the weight-sync regroup request in {timeout_s:.0f} s"
             )
         time.sleep(poll_s)

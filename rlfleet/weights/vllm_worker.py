@@ -56,7 +56,8 @@ class WeightSync:
 
     def _rlfleet_group(self, ticket: dict[str, Any], rank_base: int, device: torch.device):
         """This worker's member of the trainer's group; rebuilt when a new trainer names a new one."""
-        from rlfleet.weights.nccl import SenderDied, open_group, sender_running
+        from rlfleet.weights.nccl import SenderDied, open_group
+        from rlfleet.weights.tickets import sender_running
 
         g = ticket["group"]
         cached = getattr(self, "_rlfleet_pg", None)

@@ -1,0 +1,52 @@
+"""What the trainer and the controller say to each other through the run store, without torch:
+the controller imports these (the flow's start-up must not wait ~6 s for torch and transformers).
+
+Checkpoints: which one a resume uses and where its HF model is. Steps: when a checkpoint is due,
+how often to poll, and the error a dying trainer leaves for the controller.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from rlfleet.store import CorruptArtifact, RunStore, step_dir
+from rlfleet.store import stage as stage_locally
+
+log = logging.getLogger("rlfleet.trainer")
+
+ERROR_FILE = "run/trainer_error.json"
+
+
+def is_checkpoint_step(step: int, interval: int, max_steps: int) -> bool:
+    return (step + 1) % interval == 0 or step == max_steps - 1
+
+
+def poll_interval(store: RunStore, poll_s: float) -> float:
+    """A local stat is cheap, so poll often (every poll is latency added to the step); an object
+    store answers each poll with a request, so at most 20 a second there."""
+    return poll_s if store.is_local else max(poll_s, 0.05)
+
+
+def read_trainer_error(store: RunStore) -> dict[str, Any] | None:
+    return store.read_json(ERROR_FILE) if store.exists(ERROR_FILE) else None
+
+
+def latest_checkpoint(store: RunStore) -> dict[str, Any] | None:
+    """The manifest of the newest checkpoint whose files all verify, or None."""
+    for step in reversed(store.complete_steps("checkpoints")):
+        try:
+            manifest = store.manifest(step_dir("checkpoints", step), verify=True)
+        except CorruptArtifact as e:
+            log.warning("checkpoint step %d is corrupt (%s); falling back to the previous one", step, e)
+            continue
+        if manifest is not None:
+            return manifest
+    return None
+
+
+def checkpoint_model_path(store: RunStore, step: int) -> str:
+    """A path `from_pretrained` can read; a remote checkpoint is staged (verified) to the local cache."""
+    if store.is_local:
+        return str(store.local_path(step_dir("checkpoints", step), "model"))
+    return str(stage_locally(store, step_dir("checkpoints", step), keep=1) / "model")
