@@ -14,7 +14,9 @@ from the replica's log. Shapes are random-init Llamas with the tiny character to
 
 On two visible GPUs vLLM takes GPU 0 and the trainer GPU 1 (nccl sends between them).
 `--kill-trainer-at N` SIGKILLs the trainer's process group once it reports step N done (an nccl
-trainer is then sending step N's weights) and records how long the run took to train step N+1.
+trainer is then sending step N's weights) and records how long the run took to train step N+1;
+`--kill-replica-at N` does the same to vLLM replica 0 (relaunched, then brought to the served
+weights: cuda_ipc maps the trainer's buffer again, nccl regroups).
 """
 
 from __future__ import annotations
@@ -73,17 +75,18 @@ def checkpoint_seconds(out: Path) -> dict[int, float]:
     return {m["step"]: m["checkpoint_seconds"] for m in metrics if "checkpoint_seconds" in m}
 
 
-class TrainerKiller(threading.Thread):
-    """SIGKILL the trainer's process group once `metrics/step_N.json` exists; remember when."""
+class Killer(threading.Thread):
+    """SIGKILL a process group of the run (its pidfile under run/: `trainer` or `inference_0`)
+    once `metrics/step_N.json` exists; remember when."""
 
-    def __init__(self, out: Path, step: int):
+    def __init__(self, out: Path, step: int, target: str):
         super().__init__(daemon=True)
-        self.out, self.step, self.killed_at = out, step, None
+        self.out, self.step, self.target, self.killed_at = out, step, target, None
 
     def run(self) -> None:
         while not (self.out / f"metrics/step_{self.step}.json").exists():
             time.sleep(0.01)
-        os.killpg(int((self.out / "run/trainer.pid").read_text().split()[0]), signal.SIGKILL)
+        os.killpg(int((self.out / f"run/{self.target}.pid").read_text().split()[0]), signal.SIGKILL)
         self.killed_at = time.time()
 
     def report(self) -> dict[str, Any]:
@@ -92,6 +95,7 @@ class TrainerKiller(threading.Thread):
         after = {r["step"]: r for r in done["steps"]}.get(self.step + 1, {})
         trained = (self.out / f"metrics/step_{self.step + 1}.json").stat().st_mtime
         return {
+            "killed": self.target,
             "killed_after_step": self.step,
             "kill_to_next_trained_s": trained - self.killed_at,
             "kill_to_next_finished_s": after.get("finished_at", float("nan")) - self.killed_at,
@@ -109,6 +113,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--work", help="keep models and run dirs here (default: a temp dir, removed)")
     ap.add_argument("--kill-trainer-at", type=int, help="SIGKILL the trainer once step N is done")
+    ap.add_argument("--kill-replica-at", type=int, help="SIGKILL vLLM replica 0 once step N is done")
     a, overrides = ap.parse_known_args()
     overrides = [o for o in overrides if o != "--"]
     gpu = ["--deployment.num-inference-gpus", "1", "--deployment.num-train-gpus", "1"]
@@ -128,9 +133,13 @@ def main() -> None:
                 args = ["--max-steps", str(a.steps), "--weights.transport", transport, *gpu]
                 args += ["--orchestrator.max-async-level", str(level), *overrides]
                 cfg = rl_config(model, out, *args)
-                killer = None if a.kill_trainer_at is None else TrainerKiller(out, a.kill_trainer_at)
+                killer = None
+                if a.kill_trainer_at is not None:
+                    killer = Killer(out, a.kill_trainer_at, "trainer")
+                elif a.kill_replica_at is not None:
+                    killer = Killer(out, a.kill_replica_at, "inference_0")
                 if killer:
-                    key += f"/kill{a.kill_trainer_at}"
+                    key += f"/kill{'' if killer.target == 'trainer' else '_replica'}{killer.step}"
                     killer.start()
                 t0 = time.perf_counter()
                 records, wall = run_rl(cfg)
