@@ -95,6 +95,8 @@ def run_rl(cfg: RLConfig) -> tuple[list[dict[str, Any]], float]:
     from rlfleet.runs.status import step_records
     from rlfleet.store import RunStore
 
+    # as `rlfleet rl` does: the temporary server's telemetry heartbeat otherwise logs SQLite lock errors
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     t0 = time.perf_counter()
     state = rl(config=cfg, return_state=True)
     wall = time.perf_counter() - t0
