@@ -116,9 +116,10 @@ class InferencePool:
         return self._loaded(start, calls)
 
     def _loaded(self, start: float, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        assert self.ticket is not None  # set with policy_step by every load
         return {
             "step": self.policy_step,
-            "transport": self.ticket["transport"] if self.ticket else "filesystem",
+            "transport": self.ticket["transport"],
             "weights_path": self.weights_path,
             "replicas": self.urls,
             "seconds": time.perf_counter() - start,

@@ -40,9 +40,7 @@ from rlfleet.weights.publisher import Publisher, make_publisher
 log = logging.getLogger("rlfleet.trainer")
 
 
-def wait_for_batch(
-    store: RunStore, step: int, poll_s: float, idle: Callable[[], None] = lambda: None
-) -> None:
+def wait_for_batch(store: RunStore, step: int, poll_s: float, idle: Callable[[], None]) -> None:
     """Until step N's batch is published; `idle` runs at each poll (the publisher's requests)."""
     rel = step_dir("batches", step)
     while store.manifest(rel) is None:
