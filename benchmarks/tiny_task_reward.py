@@ -35,9 +35,9 @@ def main() -> None:
         pool = InferencePool(cfg.inference_job())
         try:
             pool.ensure()
-            params = SamplingParams(8, o.max_tokens, 1.0, o.request_timeout_s, cfg.inference.max_model_len)
+            params = SamplingParams(8, o.max_tokens, 1.0, o.stall_timeout_s, cfg.inference.max_model_len)
             groups = generate(
-                env, env.examples(0, a.prompts, cfg.seed), params, load_tokenizer(str(model)), pool.ensure
+                env, env.examples(0, a.prompts, cfg.seed), params, load_tokenizer(str(model)), pool
             )
         finally:
             pool.shutdown()

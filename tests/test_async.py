@@ -10,7 +10,7 @@ from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
 from rlfleet.errors import DeterministicError
 from rlfleet.orchestrator.batch import build_batches
-from rlfleet.orchestrator.rollout import publish_rollout, single_turn, staleness, usable
+from rlfleet.orchestrator.rollout import publish_rollout, rollout_stats, single_turn, staleness, usable
 from rlfleet.store import RunStore, step_dir
 
 
@@ -38,6 +38,11 @@ def _records(policy_steps):
             **single_turn([1, 5, 6], [7, 8], [-1.0, -2.0]),
             "reward": float(i % 2),
             "policy_step": p,
+            "env": "repeat",
+            "metrics": {},
+            "error": None,
+            "truncated": False,
+            "turns": [],
         }
         for i, p in enumerate(policy_steps)
     ]
@@ -57,23 +62,37 @@ def _cfg(tmp_path, k: int) -> RLConfig:
     return load(RLConfig, [*args, "--orchestrator.max-async-level", str(k)])
 
 
+class _Taken:
+    """The rollout stream's one method the task calls, recording that it was asked."""
+
+    def __init__(self, store):
+        self.store, self.asked = store, []
+
+    def take(self, step):
+        self.asked.append(step)
+        records = _records([2, 2])
+        meta = {"step": step, "policy_step": 2, **rollout_stats(records)}
+        return publish_rollout(self.store, step, {0: records}, meta)
+
+
 @pytest.mark.parametrize("k", [0, 1])
-def test_rollout_task_reuses_a_published_rollout_only_within_k(tmp_path, k):
+def test_rollout_task_reuses_a_published_rollout_only_within_k(tmp_path, tiny_model, k):
     from rlfleet.tasks.rl import rollout
 
     cfg = _cfg(tmp_path, k)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(tiny_model)})})
     store = RunStore(cfg.output_dir)
     publish_rollout(store, 3, {0: _records([1, 1])}, {"step": 3, "policy_step": 1})  # staleness 1
     build_batches(store, 3, 8, 0)
-    if k == 1:
-        assert rollout.fn(cfg, [], 3)["policy_step"] == 1
-        assert store.manifest(step_dir("batches", 3)) is not None
+    stream = _Taken(store)
+    out = rollout.fn(cfg, [], 3, stream)
+    if k == 1:  # within bound: reused, the stream is not asked
+        assert out["policy_step"] == 1 and stream.asked == []
+        assert store.manifest(step_dir("batches", 3))["policy_steps"] == [1]
         return
-    # k = 0: the rollout is redone; the pool (fresh: initial weights, -1) is too far behind for
-    # step 3, so the task refuses before launching anything, and the stale batches are gone.
-    with pytest.raises(DeterministicError, match="off-policy beyond k=0"):
-        rollout.fn(cfg, [], 3)
-    assert store.manifest(step_dir("batches", 3)) is None
+    # k = 0: the stale rollout and its batches go, and the step's groups come from the stream
+    assert stream.asked == [3] and out["policy_step"] == 2
+    assert store.manifest(step_dir("batches", 3))["policy_steps"] == [2]
 
 
 def test_async_cpu_run_splits_the_cores_between_vllm_and_the_trainer(tmp_path):

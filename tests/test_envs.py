@@ -248,6 +248,6 @@ def test_a_step_where_every_sample_failed_to_score_fails_with_the_first_error(ta
         DeterministicError,
         match="every sample failed to score; first error: reward task.py:boom ValueError: 0",
     ):
-        raise_if_none_scored(trajs)
+        raise_if_none_scored([t.error for t in trajs])
     trajs[1].error = None
-    raise_if_none_scored(trajs)  # one scored sample: the step goes on
+    raise_if_none_scored([t.error for t in trajs])  # one scored sample: the step goes on

@@ -1,13 +1,17 @@
-"""The rollout load balancer against completion servers on loopback with known speeds.
+"""The streaming sampler against completion servers on loopback whose streams the test controls.
 
-The servers speak the slice of vLLM's /v1/completions that the sampler uses; what is under test
-is the dispatch: work follows free capacity, a replica that stops answering loses its requests
-to the others, and requests no replica could serve are sent again after the pool is healed. The real vLLM path runs in test_e2e and test_faults.
+The servers speak the slice of vLLM's streamed /v1/completions that the sampler uses (token ids,
+logprobs and finish reasons per chunk and choice). What is under test: work goes to the replica
+with the fewest requests in flight; a request that keeps streaming never times out however long
+it runs; one whose replica dies or stalls keeps its tokens and continues elsewhere from them;
+each token is credited to the weights its replica served. The real vLLM path runs in test_e2e
+and test_faults.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections import Counter
@@ -15,107 +19,189 @@ from collections import Counter
 import pytest
 import uvicorn
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import StreamingResponse
 
 from rlfleet.errors import TransientError
-from rlfleet.orchestrator.sampler import sample_groups, sample_with_healing
+from rlfleet.orchestrator.sampler import FixedReplicas, Sampler
 from tests.conftest import free_port
 
 
-def _server(delay_s: float, fail_after: int | None = None) -> tuple[str, uvicorn.Server]:
-    app = FastAPI()
-    served = {"n": 0}
+class Server:
+    """Streams token 100 + position, one chunk per token, `delay_s` apart. `die_after` cuts every
+    stream after that many tokens; `stall_after` stops sending (connection open) after that many;
+    `gates[i]`, when set, is awaited before token i of every stream."""
 
-    @app.post("/v1/completions")
-    async def complete(body: dict):
-        served["n"] += 1
-        if fail_after is not None and served["n"] > fail_after:
-            return JSONResponse({"error": "engine dead"}, status_code=500)
-        await asyncio.sleep(delay_s)
-        choices = [
-            {
-                "index": k,
-                "text": "a",
-                "token_ids": [7],
-                "logprobs": {"token_logprobs": [-0.5]},
-                "finish_reason": "length",
-            }
-            for k in range(body["n"])
-        ]
-        return {"choices": choices}
+    def __init__(self, delay_s=0.0, die_after=None, stall_after=None, gates=None):
+        self.delay_s, self.die_after, self.stall_after = delay_s, die_after, stall_after
+        self.gates: dict[int, threading.Event] = gates or {}
+        self.bodies: list[dict] = []
+        app = FastAPI()
+        app.post("/v1/completions")(self.complete)
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+        threading.Thread(target=self.server.run, daemon=True).start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "test server did not start"
+            time.sleep(0.02)
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    threading.Thread(target=server.run, daemon=True).start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "test server did not start"
-        time.sleep(0.02)
-    return f"http://127.0.0.1:{port}", server
+    async def complete(self, body: dict):
+        self.bodies.append(body)
+
+        async def events():
+            for pos in range(body["max_tokens"]):
+                if (gate := self.gates.get(pos)) is not None:
+                    await asyncio.to_thread(gate.wait, 10)
+                if self.die_after is not None and pos >= self.die_after:
+                    raise RuntimeError("replica died")  # uvicorn drops the connection mid-stream
+                if self.stall_after is not None and pos >= self.stall_after:
+                    await asyncio.sleep(3600)
+                await asyncio.sleep(self.delay_s)
+                last = pos == body["max_tokens"] - 1
+                for i in range(body["n"]):
+                    choice = {
+                        "index": i,
+                        "text": "a",
+                        "token_ids": [100 + len(body["prompt"]) + pos],
+                        "logprobs": {"token_logprobs": [-0.5]},
+                        "finish_reason": "length" if last else None,
+                    }
+                    yield f"data: {json.dumps({'choices': [choice]})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    def stop(self):
+        self.server.should_exit = True
 
 
 @pytest.fixture
 def servers():
-    started: list[uvicorn.Server] = []
+    started: list[Server] = []
 
-    def start(delay_s: float, fail_after: int | None = None) -> str:
-        url, server = _server(delay_s, fail_after)
-        started.append(server)
-        return url
+    def start(**kw) -> Server:
+        started.append(Server(**kw))
+        return started[-1]
 
     yield start
-    for server in started:
-        server.should_exit = True
+    for s in started:
+        for gate in s.gates.values():
+            gate.set()
+        s.stop()
 
 
-def _sample(urls, num_prompts, slots=2):
-    prompts = [[1, 2, i] for i in range(num_prompts)]
-    return asyncio.run(sample_groups(urls, prompts, 2, 1, 1.0, 30.0, slots_per_replica=slots))
+def _run(replicas, prompts, n=2, max_tokens=4, stall_timeout_s=30.0):
+    async def main():
+        sampler = Sampler(replicas, 1.0, stall_timeout_s)
+        try:
+            return await asyncio.gather(*(sampler.sample(p, n, max_tokens) for p in prompts))
+        finally:
+            await sampler.aclose()
+
+    return asyncio.run(main())
 
 
-def test_work_follows_free_capacity(servers):
-    fast, slow = servers(0.01), servers(0.25)
-    results = _sample([fast, slow], 40)
-    assert all(isinstance(r, list) and len(r) == 2 for r in results)
+def test_work_goes_to_the_replica_with_fewest_requests_in_flight(servers):
+    fast, slow = servers(delay_s=0.001), servers(delay_s=0.05)
+    results = []
+
+    async def main():  # a steady stream of requests, each sent when the previous one is done
+        sampler = Sampler(FixedReplicas([fast.url, slow.url]), 1.0, 30.0)
+        try:
+
+            async def worker(k):
+                for i in range(10):
+                    results.append(await sampler.sample([1, k, i], 1, 4))
+
+            await asyncio.gather(*(worker(k) for k in range(4)))
+        finally:
+            await sampler.aclose()
+
+    asyncio.run(main())
     by = Counter(r[0].replica for r in results)
-    assert by[fast] + by[slow] == 40
-    assert by[slow] >= 1, "the slow replica still takes work while it has free slots"
-    assert by[fast] >= 3 * by[slow], f"the faster replica should pull most prompts, got {dict(by)}"
+    assert by[fast.url] + by[slow.url] == 40
+    assert by[slow.url] >= 1, "the slow replica still takes work"
+    assert by[fast.url] >= 3 * by[slow.url], f"the faster replica should take most requests, got {dict(by)}"
 
 
-def test_replica_that_stops_answering_loses_its_requests(servers):
-    good, dying = servers(0.02), servers(0.02, fail_after=3)
-    results = _sample([good, dying], 30)
-    assert all(isinstance(r, list) for r in results), [r for r in results if not isinstance(r, list)]
-    by = Counter(r[0].replica for r in results)
-    assert by[good] + by[dying] == 30
-    assert by[dying] <= 3, "nothing is sent to a replica after it failed"
-    resent = [r for r in results if r[0].resent]
-    assert len(resent) >= 1 and all(r[0].replica == good and r[0].resent == 1 for r in resent)
-    assert all(r[0].resent == 0 for r in results if r[0].replica == dying)
+def test_a_long_request_that_keeps_streaming_never_times_out(servers):
+    slow = servers(delay_s=0.05)  # 40 tokens, 2 s in all: 4x the stall bound, 1/10 of it apart
+    (samples,) = _run(FixedReplicas([slow.url]), [[1, 2, 3]], n=2, max_tokens=40, stall_timeout_s=0.5)
+    assert [len(s.completion_ids) for s in samples] == [40, 40]
+    assert all(s.finish_reason == "length" and s.resent == 0 for s in samples)
+    assert samples[0].completion_ids == [103 + i for i in range(40)]
 
 
-def test_no_replica_left_gives_transient_errors(servers):
-    a, b = servers(0.01, fail_after=1), servers(0.01, fail_after=1)
-    results = _sample([a, b], 10, slots=1)
-    served = [r for r in results if isinstance(r, list)]
-    failed = [r for r in results if isinstance(r, BaseException)]
-    assert len(served) == 2 and len(failed) == 8
-    assert all(isinstance(e, TransientError) and "no replica left" in str(e) for e in failed)
+@pytest.mark.parametrize("failure", ["die_after", "stall_after"])
+def test_a_failed_replica_s_samples_continue_elsewhere_from_their_tokens(servers, failure):
+    bad, good = servers(**{failure: 3}), servers()
+    (samples,) = _run(FixedReplicas([bad.url, good.url]), [[1, 2]], n=2, max_tokens=8, stall_timeout_s=1.0)
+    assert bad.bodies and bad.bodies[0]["n"] == 2, "the first request went to the idle replica listed first"
+    for s in samples:
+        # 3 tokens from the failed replica, then the rest of the 8 from the good one, which was
+        # sent the prompt plus those 3 tokens and a budget of 5: nothing sampled twice
+        assert s.completion_ids == [102, 103, 104, 105, 106, 107, 108, 109] and len(s.logprobs) == 8
+        assert s.resent == 1 and s.replica == good.url and s.finish_reason == "length"
+    assert sorted((b["prompt"], b["max_tokens"], b["n"]) for b in good.bodies) == [
+        ([1, 2, 102, 103, 104], 5, 1)
+    ] * 2
 
 
-def test_failed_requests_are_resent_after_healing_and_marked(servers):
-    dying = servers(0.01, fail_after=2)
+def test_a_replica_relaunched_by_the_pool_takes_the_rest(servers):
+    dying = servers(die_after=2)
     calls: list[list[str]] = []
 
-    def healthy_urls() -> list[str]:  # the pool: the second call finds the replica relaunched
-        calls.append([dying] if not calls else [servers(0.01)])
-        return calls[-1]
+    class Pool:  # the first call finds the replica, the second finds it relaunched
+        def ensure(self):
+            calls.append([dying.url] if not calls else [servers().url])
+            return calls[-1]
 
-    groups = sample_with_healing(healthy_urls, [[1, 2, i] for i in range(6)], 2, 1, 1.0, 30.0)
-    assert len(calls) == 2 and all(len(g) == 2 for g in groups)
-    first = [g for g in groups if g[0].replica == dying]
-    again = [g for g in groups if g[0].replica == calls[1][0]]
-    assert len(first) <= 2 and len(first) + len(again) == 6
-    assert all(s.resent == 0 for g in first for s in g)
-    assert all(s.resent >= 1 for g in again for s in g)
+        def version(self, url):
+            return 0
+
+    results = _run(Pool(), [[1, i] for i in range(3)], n=2, max_tokens=4)
+    assert len(calls) == 2, "one relaunch served every failed request"
+    for group in results:
+        for s in group:
+            assert s.completion_ids[:2] == [102, 103] and len(s.completion_ids) == 4
+            assert s.replica == calls[1][0] and s.resent == 1
+
+
+def test_no_replica_left_is_a_transient_error_after_the_attempts(servers):
+    a = servers(die_after=0)
+    with pytest.raises(TransientError, match="failed 3 times"):
+        _run(FixedReplicas([a.url]), [[1, 2]], n=1)
+
+
+def test_each_token_is_credited_to_the_weights_its_replica_served(servers):
+    """Version 0 until the load (between token 3 and 4), 1 after: a chunk's tokens get the version
+    served when the choice's previous chunk arrived, so the one chunk that can straddle the load
+    is credited to the old weights, never to newer ones than its own."""
+    gate, received = threading.Event(), threading.Event()
+    server = servers(gates={4: gate})
+    state = {"v": 0, "asked": 0}
+
+    class Pool:
+        def ensure(self):
+            return [server.url]
+
+        def version(self, url):  # asked when the request is sent and as each chunk arrives
+            state["asked"] += 1
+            if state["asked"] == 5:  # tokens 0-3 are in; the server waits before token 4
+                received.set()
+            return state["v"]
+
+    async def main():
+        sampler = Sampler(Pool(), 1.0, 30.0)
+        try:
+            task = asyncio.create_task(sampler.sample([1], 1, 8))
+            assert await asyncio.to_thread(received.wait, 10)
+            state["v"] = 1  # the pool loaded weights 1 with the request in flight
+            gate.set()
+            return await task
+        finally:
+            await sampler.aclose()
+
+    (s,) = asyncio.run(main())
+    assert s.versions == [0, 0, 0, 0, 0, 1, 1, 1]

@@ -57,6 +57,9 @@ class InferenceConfig(Strict):
         "and wakes to load the new weights; needs one GPU shared with the trainer and max_async_level = 0.",
     )
     startup_timeout_s: float = Field(600.0, gt=0)
+    stream_interval: int = Field(
+        16, ge=1, description="vLLM streams a request's tokens in chunks of this many (--stream-interval)."
+    )
     extra_args: list[str] = Field(default_factory=list)
     urls: list[str] = Field(
         default_factory=list,
@@ -93,9 +96,15 @@ class OrchestratorConfig(Strict):
     max_async_level: int = Field(
         0,
         ge=0,
-        description="Rollouts for step N may use weights from step >= N-1-k (k=0: on-policy, N-1).",
+        description="Step N trains on groups whose every token was sampled by weights N-1-k .. N-1 (k=0: "
+        "on-policy); with k >= 1 the replicas keep sampling while the trainer steps and weights load in flight.",
     )
-    request_timeout_s: float = Field(120.0, gt=0)
+    stall_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="A request fails when no token arrives for this long (a replica hung); a long generation "
+        "that makes progress never does.",
+    )
 
     @model_validator(mode="after")
     def _shares(self) -> OrchestratorConfig:
@@ -124,7 +133,7 @@ class EvalConfig(Strict):
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
     interval: int = Field(0, ge=0, description="In an RL run: evaluate every k steps; 0 = never.")
-    request_timeout_s: float = Field(120.0, gt=0)
+    stall_timeout_s: float = Field(600.0, gt=0, description="As orchestrator.stall_timeout_s.")
 
     @model_validator(mode="after")
     def _greedy_once(self) -> EvalConfig:

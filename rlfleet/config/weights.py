@@ -20,6 +20,11 @@ class WeightsConfig(Strict):
     )
     timeout_s: float = Field(600.0, gt=0, description="How long the trainer waits for vLLM to take a step.")
     nccl_port: int = Field(29650, ge=1024, le=65535, description="Rendezvous port of the nccl transport.")
+    in_flight_kv: Literal["recompute", "keep"] = Field(
+        "recompute",
+        description="Requests in flight during a load stay scheduled (vLLM's pause keep mode). recompute: their "
+        "KV cache is dropped and recomputed by the new weights on resume; keep: the old weights' KV is reused.",
+    )
 
 
 def check_transport(w: WeightsConfig, d: Deployment, urls: list[str]) -> None:

@@ -1,14 +1,15 @@
-"""Flow `rl`: preflight, resume, then per step three tasks: rollout-N (sample, score, batch) ->
-train-N (the trainer's step, its checkpoint checked) -> broadcast_weights-N.
+"""Flow `rl`: preflight, resume, then per step three tasks: rollout-N (take the step's groups
+from the rollout stream, batch them) -> train-N (the trainer's step, its checkpoint checked) ->
+broadcast_weights-N (loaded with the requests in flight paused in place).
 
 The flow holds no tensors: tasks return manifests and the data moves through the run store. A
 rerun with the same output_dir resumes one step past the latest complete checkpoint.
 
-Async off-policy (`orchestrator.max_async_level` = k > 0): while the trainer works on step N,
-rollouts (with their batches) for N+1..N+k run as task futures on the weights the
-pool holds, as long as those are within k of each rollout's on-policy weights (N-1 for step N). Rollouts and broadcasts are
-serialized on the pool: weights N are broadcast once train N is done and no rollout is in flight,
-so every sample records exactly the version that produced it. k = 0 submits nothing ahead.
+Sampling never waits for a step: the rollout stream (orchestrator/stream.py) keeps the replicas
+busy in a thread of this process and buffers finished groups in the run store. With
+`orchestrator.max_async_level` = k > 0, rollout-N+1 is submitted as soon as rollout-N is done, so
+the trainer finds batch N+1 published when it finishes N; k = 0 takes each step's groups on the
+newest weights only.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from rlfleet.config.models import RLConfig
 from rlfleet.config.placement import gpu_defaults, split_cpus
 from rlfleet.flows.artifacts import publish_summary
 from rlfleet.flows.monitor import LiveArtifacts, recoveries
-from rlfleet.inference.pool import shutdown_pool
-from rlfleet.orchestrator.rollout import load_tokenizer, usable
+from rlfleet.inference.pool import get_pool, shutdown_pool
+from rlfleet.orchestrator.rollout import load_tokenizer
+from rlfleet.orchestrator.stream import RolloutStream
 from rlfleet.report import WandbSink, step_progress, wandb_metrics, write_report
 from rlfleet.runs.configs import preflight, write_configs
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
@@ -101,6 +103,7 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
     live = LiveArtifacts(store, cfg.name, cfg.max_steps, start)
     ahead: dict[int, PrefectFuture] = {}  # rollouts of later steps
     steps: list[dict[str, Any]] = step_records(store)  # a resumed run's earlier steps stay on the curve
+    stream: RolloutStream | None = None
     try:
         served, after = start - 1, []  # the weight version the pool holds; what rollouts wait for
         if start < cfg.max_steps:
@@ -116,12 +119,25 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
                 **retry_options(cfg, cfg.inference.startup_timeout_s + 60)
             )(quote(cfg), inf_gpus, start - 1, return_state=True)
             served, after = launched.result()["step"], [edge(launched)]
+            pool = get_pool(cfg.inference_job(inf_gpus))
+            o = cfg.orchestrator
+            stream = RolloutStream(
+                o,
+                store,
+                cfg.model.path,
+                pool,
+                lambda: pool.policy_step,
+                cfg.seed,
+                cfg.inference.max_model_len,
+                start,
+            ).start()
             warm.result()
         with step_progress("rl", "reward {task.fields[reward]}", "{task.fields[secs]}") as bar:
             job = bar.add_task("rl", total=cfg.max_steps, completed=start, reward="-", secs="")
             for step in range(start, cfg.max_steps):
+                assert stream is not None
                 record, metrics, served, after = _step(
-                    cfg, inf_gpus, train_gpus, step, start, served, ahead, after
+                    cfg, inf_gpus, train_gpus, step, start, stream, ahead, after
                 )
                 store.write_json(f"steps/step_{step}.json", record)
                 steps.append(record)
@@ -146,7 +162,9 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
                     secs=f"{record['step_seconds']:.1f}s/step",
                 )
     finally:
-        shutdown_pool(cfg.output_dir)  # a rollout still in flight fails fast: the pool is closed
+        if stream is not None:
+            stream.stop()  # a rollout waiting for its groups fails fast
+        shutdown_pool(cfg.output_dir)
         wait(list(ahead.values()), timeout=60)
         stop_trainer(cfg.output_dir)
         sync_logs(store)
@@ -174,7 +192,7 @@ def _step(
     train_gpus: list[str],
     step: int,
     start: int,
-    served: int,
+    stream: RolloutStream,
     ahead: dict[int, PrefectFuture],
     after: list[State],
 ) -> tuple[dict[str, Any], dict[str, Any], int, list[State]]:
@@ -183,9 +201,10 @@ def _step(
 
     The config goes to every task `quote`d: Prefect would otherwise link task inputs to earlier
     results through objects inside it, and draw edges the step does not have. The real ones are
-    `wait_for`: rollout <- the previous broadcast, train <- rollout, broadcast <- train."""
+    `wait_for`: rollout <- the previous broadcast (k = 0) or the previous rollout (k > 0),
+    train <- rollout, broadcast <- train."""
     s0 = time.perf_counter()
-    c = quote(cfg)
+    c, live = quote(cfg), quote(stream)
     opts = retry_options(cfg)
     # A resume discarded rollouts and batches after `start` and everything the trainer wrote from
     # `start` on: those must not come back from a retried run's cache.
@@ -193,39 +212,26 @@ def _step(
     redo = dict(opts, refresh_cache=True)
     walls: dict[str, float] = {}  # each phase as the flow sees it (benchmarks/control_plane.py)
     t = time.perf_counter()
-    k = cfg.orchestrator.max_async_level
     rolled: State | PrefectFuture
     if step in ahead:
         rolled = ahead.pop(step)
-        roll = rolled.result()
-    else:  # k = 0, or the first step: called in the flow's thread, exactly as on-policy always was
-        rolled = rollout.with_options(**kept)(c, inf_gpus, step, wait_for=after, return_state=True)
-        roll = rolled.result()
+    else:  # k = 0, or the first step: called in the flow's thread
+        rolled = rollout.with_options(**kept)(c, inf_gpus, step, live, wait_for=after, return_state=True)
+    roll = rolled.result()
     t = _lap(walls, "rollout", t)
-    if k == 0:
-        trained = train.with_options(**redo)(c, train_gpus, step, wait_for=[edge(rolled)], return_state=True)
-    else:
-        # Futures run in worker threads, where Prefect cannot enforce timeout_seconds: the train
-        # task's own wait (step_timeout_s) and the sampler's request timeout bound them instead.
-        trained = train.with_options(**dict(redo, timeout_seconds=None)).submit(
-            c, train_gpus, step, wait_for=[rolled]
-        )
-        # Overlap: sample (and batch) the next steps on the weights served now while the trainer
-        # works on `step`; the trainer takes batch N+1 as soon as it is published.
-        for s in range(step + 1, min(step + k, cfg.max_steps - 1) + 1):
-            if s not in ahead and usable(s, served, k):
-                before = [ahead[s - 1]] if s - 1 in ahead else after  # one rollout at a time
-                later = dict(opts, refresh_cache=s > start, timeout_seconds=None)
-                ahead[s] = rollout.with_options(**later).submit(c, inf_gpus, s, wait_for=before)
+    if cfg.orchestrator.max_async_level and step + 1 < cfg.max_steps:
+        # the trainer takes batch N+1 as soon as it is done with N; a future runs in a worker
+        # thread, where Prefect cannot enforce timeout_seconds (the stream's stall bound holds)
+        later = dict(opts, refresh_cache=step + 1 > start, timeout_seconds=None)
+        ahead[step + 1] = rollout.with_options(**later).submit(c, inf_gpus, step + 1, live, wait_for=[rolled])
+    trained = train.with_options(**redo)(c, train_gpus, step, wait_for=[edge(rolled)], return_state=True)
     metrics = trained.result()
     t = _lap(walls, "train", t)
-    wait(list(ahead.values()))  # broadcast between rollouts, never under one
-    t = _lap(walls, "wait_rollouts", t)
-    in_flight = list(ahead.values())
     casted = broadcast_weights.with_options(**opts)(
-        c, inf_gpus, step, train_gpus, wait_for=[edge(trained), *in_flight], return_state=True
+        c, inf_gpus, step, train_gpus, wait_for=[edge(trained)], return_state=True
     )
     cast = casted.result()
+    stream.notify()  # new weights: the groups the next steps need start now
     t = _lap(walls, "broadcast", t)
     evaluated = None
     if cfg.eval.interval and (step + 1) % cfg.eval.interval == 0:
@@ -240,16 +246,20 @@ def _step(
         "loss": metrics["loss"],
         "train_seconds": metrics["train_seconds"],
         "policy_step": roll["policy_step"],
+        "policy_steps": roll.get("policy_steps", [roll["policy_step"]]),
         "max_staleness": metrics.get("max_staleness", 0),
         "clip_frac": metrics.get("clip_frac", 0.0),  # stale samples show up here and in mask_frac
         "mask_frac": metrics.get("mask_frac", 0.0),
-        # time inside vLLM, the trainer and the reload, vs each phase's wall in the flow
+        # how long the step waited for its groups, vs the trainer and the reload
         "sample_seconds": roll.get("sample_seconds", 0.0),
+        "num_completion_tokens": roll.get("num_completion_tokens", 0),
         "trainer_seconds": metrics.get("step_seconds", 0.0),
         "broadcast_seconds": cast["seconds"],
         # replica 0: pause, load (per worker), resume; none when a regroup already brought the step
         "broadcast_parts": (cast.get("calls") or [{}])[0],
         "phase_seconds": walls,
+        # the rollout stream's lifetime counts when this step took its groups
+        "stream": roll.get("stream", {}) | {"buffered_groups": roll.get("buffered_groups", 0)},
         "finished_at": time.time(),
     }
     if evaluated is not None:

@@ -8,6 +8,7 @@ the newest published weights.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -40,6 +41,10 @@ class InferencePool:
         self.asleep = False  # inference.sleep: weights and KV cache freed while the trainer steps
         self.relaunched: list[dict[str, Any]] = []  # dead replicas replaced, until a task reports them
         self.unsynced = False  # relaunched replicas not yet brought to the served weights
+        # per URL: the version it samples with, switched between its load and its /resume
+        self.versions: dict[str, int] = {}
+        # the rollout stream relaunches and the flow broadcasts from different threads
+        self.lock = threading.RLock()
 
     @property
     def urls(self) -> list[str]:
@@ -47,7 +52,15 @@ class InferencePool:
             return list(self.cfg.inference.urls)
         return [r.url for r in self.replicas]
 
+    def version(self, url: str) -> int:
+        """The weight version `url` samples with now (the sampler credits tokens to it)."""
+        return self.versions.get(url, self.policy_step)
+
     def ensure(self) -> list[str]:
+        with self.lock:
+            return self._ensure()
+
+    def _ensure(self) -> list[str]:
         """Launch missing or dead replicas (with the current weights) and return all URLs.
 
         External replicas (`inference.urls`, started by a SLURM job on its inference nodes) are
@@ -67,6 +80,7 @@ class InferencePool:
             ]
             stop_replicas(self.replicas)
             self.replicas = launch_replicas(self.cfg, self.weights_path)
+            self.versions = {}
             self.asleep = False
             self.unsynced = self.ticket is not None and self.ticket["transport"] != "filesystem"
             write_served(run_store(self.cfg.output_dir), self.policy_step)
@@ -96,9 +110,14 @@ class InferencePool:
         write_served(run_store(self.cfg.output_dir), self.policy_step)
 
     def broadcast(self, ticket: dict[str, Any]) -> dict[str, Any]:
-        """Load a weights ticket (rlfleet/weights) on every replica at once; a small manifest back."""
+        """Load a weights ticket (rlfleet/weights) on every replica at once, requests in flight
+        paused in place; a small manifest back."""
+        with self.lock:
+            return self._broadcast(ticket)
+
+    def _broadcast(self, ticket: dict[str, Any]) -> dict[str, Any]:
         start = time.perf_counter()
-        urls = self.ensure()
+        urls = self._ensure()
         if ticket["step"] <= self.policy_step and ticket["transport"] == "nccl":
             # a relaunched replica's regroup (ensure) already brought every replica here; the
             # trainer sent those weights once and sends nothing more for this step
@@ -130,9 +149,10 @@ class InferencePool:
         """Free vLLM's GPU memory for the trainer (level 2: weights are not kept; the next
         broadcast brings new ones); seconds taken."""
         start = time.perf_counter()
-        if self.cfg.inference.sleep and not self.asleep:
-            self._post_all(self.ensure(), "sleep", params={"level": "2"})
-            self.asleep = True
+        with self.lock:
+            if self.cfg.inference.sleep and not self.asleep:
+                self._post_all(self._ensure(), "sleep", params={"level": "2"})
+                self.asleep = True
         return time.perf_counter() - start
 
     def _post_all(self, urls: list[str], path: str, params: dict[str, str]) -> None:
@@ -145,9 +165,16 @@ class InferencePool:
 
     def _load_all(self, urls: list[str], ticket: dict[str, Any]) -> list[dict[str, Any]]:
         """Concurrently: an nccl broadcast needs every replica's workers in it at once."""
-        tp, timeout = self.cfg.inference.tensor_parallel_size, self.cfg.weights.timeout_s
+        tp, w = self.cfg.inference.tensor_parallel_size, self.cfg.weights
+
+        def one(i: int, url: str) -> dict[str, Any]:
+            def loaded() -> None:
+                self.versions[url] = ticket["step"]
+
+            return load(url, ticket, 1 + i * tp, w.timeout_s, w.in_flight_kv, loaded)
+
         with ThreadPoolExecutor(max(len(urls), 1)) as ex:
-            return list(ex.map(lambda iu: load(iu[1], ticket, 1 + iu[0] * tp, timeout), enumerate(urls)))
+            return list(ex.map(one, range(len(urls)), urls))
 
     def _external(self) -> list[str]:
         if not self.external_ready:
@@ -167,8 +194,9 @@ class InferencePool:
 
     def shutdown(self) -> None:
         self.closed = True
-        stop_replicas(self.replicas)
-        self.replicas = []
+        with self.lock:
+            stop_replicas(self.replicas)
+            self.replicas = []
 
 
 _POOLS: dict[str, InferencePool] = {}

@@ -56,6 +56,8 @@ def server_args(cfg: InferenceJobConfig, port: int, model_path: str | None = Non
         "--seed",
         str(cfg.seed),
         "--disable-log-stats",
+        "--stream-interval",
+        str(i.stream_interval),
         # rlfleet's weight-sync endpoints inside vLLM's workers (cuda_ipc, nccl)
         "--worker-extension-cls",
         WORKER_EXTENSION,

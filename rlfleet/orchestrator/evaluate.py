@@ -10,7 +10,6 @@ reward is >= 1.0; pass@k is the unbiased estimator over `rollouts_per_example` =
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 from math import comb
 from typing import Any
 
@@ -19,6 +18,7 @@ from rlfleet.config.models import EvalConfig
 from rlfleet.orchestrator.envs import build_env
 from rlfleet.orchestrator.generate import SamplingParams, generate, raise_if_none_scored
 from rlfleet.orchestrator.rollout import load_tokenizer
+from rlfleet.orchestrator.sampler import Replicas
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -26,18 +26,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 if n - c < k else 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def evaluate(
-    healthy_urls: Callable[[], list[str]], tokenizer_path: str, cfg: EvalConfig, max_model_len: int
-) -> dict[str, Any]:
+def evaluate(replicas: Replicas, tokenizer_path: str, cfg: EvalConfig, max_model_len: int) -> dict[str, Any]:
     tok = load_tokenizer(tokenizer_path)
     per_env = []
     for env_cfg in cfg.env:
         env = build_env(env_cfg)
         n = env_cfg.rollouts_per_example or cfg.rollouts_per_example
         examples = env.eval_examples(env_cfg.num_examples or cfg.num_examples)
-        params = SamplingParams(n, cfg.max_tokens, cfg.temperature, cfg.request_timeout_s, max_model_len)
-        groups = generate(env, examples, params, tok, healthy_urls)
-        raise_if_none_scored([t for g in groups for t in g])
+        params = SamplingParams(n, cfg.max_tokens, cfg.temperature, cfg.stall_timeout_s, max_model_len)
+        groups = generate(env, examples, params, tok, replicas)
+        raise_if_none_scored([t.error for g in groups for t in g])
         rewards = [t.reward for g in groups for t in g]
         passes = [sum(t.reward >= 1.0 for t in g) for g in groups]
         per_env.append(

@@ -1,17 +1,17 @@
-"""The one generate-and-score path: training rollouts and eval both come through `generate`.
+"""The one generate-and-score path: training rollouts (the stream) and eval both run `rollout_group`.
 
-Turn 1 of every example goes to vLLM as one request for all `n` samples; later turns (tool
-results, environment replies) go as rounds of single-sample requests for the rollouts still
-running, so every turn of a step shares the sampler's load balancing and replica healing.
-Reward functions are contained: one that raises or times out scores its sample 0 and is
-counted; only a step where every sample failed that way fails, with the first error.
+Every trajectory is its own coroutine: its turns, its environment replies (tools, user
+simulators) and its reward functions never wait for another sample's. A one-turn environment
+sends a group's n samples as one request (vLLM shares the prompt's KV); a multi-turn one sends
+each trajectory's turns on their own. Reward functions are contained: one that raises or times
+out scores its sample 0 and is counted; only a step where every sample failed that way fails,
+with the first error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,7 +19,7 @@ from rlfleet.chat import continuation_ids, parse_assistant, prompt_ids
 from rlfleet.errors import DeterministicError
 from rlfleet.orchestrator.envs.base import Environment, Example, RewardError, Trajectory
 from rlfleet.orchestrator.envs.usercode import describe
-from rlfleet.orchestrator.sampler import Sample, sample_with_healing
+from rlfleet.orchestrator.sampler import Replicas, Sample, Sampler
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -32,8 +32,57 @@ class SamplingParams:
     n: int
     max_tokens: int
     temperature: float
-    timeout_s: float
+    stall_timeout_s: float
     max_model_len: int
+
+
+async def rollout_group(
+    env: Environment,
+    example: Example,
+    params: SamplingParams,
+    tok: PreTrainedTokenizerBase,
+    sampler: Sampler,
+) -> list[Trajectory]:
+    """`params.n` scored trajectories of one example."""
+    ids = prompt_ids(tok, example.prompt, env.tools_for(example), env.chat)
+    messages = list(example.prompt) if isinstance(example.prompt, list) else []
+    group = [
+        Trajectory(example, list(ids), len(ids), [dict(m) for m in messages], max_tokens=params.max_tokens)
+        for _ in range(params.n)
+    ]
+    if not _fits(group[0], params):  # the prompt alone leaves no room for max_tokens
+        for t in group:
+            t.truncated = t.done = True
+        await asyncio.gather(*(_score(env, t) for t in group))
+    elif env.max_turns == 1:
+        samples = await sampler.sample(group[0].ids, params.n, params.max_tokens)
+        for t, s in zip(group, samples, strict=True):
+            _add_turn(t, s, env, tok)
+        await asyncio.gather(*(_score(env, t) for t in group))
+    else:
+        await asyncio.gather(*(_trajectory(env, t, params, tok, sampler) for t in group))
+    return group
+
+
+async def _trajectory(
+    env: Environment, t: Trajectory, params: SamplingParams, tok: PreTrainedTokenizerBase, sampler: Sampler
+) -> None:
+    """One multi-turn rollout: model turn, environment reply, ... until done; then its score."""
+    while not t.done:
+        (s,) = await sampler.sample(t.ids, 1, params.max_tokens)
+        _add_turn(t, s, env, tok)
+        if t.done:
+            break
+        reply = await env.respond(t)
+        if not reply:
+            t.done = True
+            break
+        tail = tok.decode(t.ids[-1:]) if t.turns[-1]["end"] > t.turns[-1]["start"] else ""
+        t.messages += reply
+        t.extend(continuation_ids(tok, reply, env.tools_for(t.example), tail))
+        if not _fits(t, params):
+            t.truncated = t.done = True
+    await _score(env, t)
 
 
 def generate(
@@ -41,109 +90,75 @@ def generate(
     examples: list[Example],
     params: SamplingParams,
     tok: PreTrainedTokenizerBase,
-    healthy_urls: Callable[[], list[str]],
+    replicas: Replicas,
 ) -> list[list[Trajectory]]:
-    """`params.n` scored trajectories per example, grouped by example."""
-    groups = []
-    for ex in examples:
-        ids = prompt_ids(tok, ex.prompt, env.tools_for(ex), env.chat)
-        messages = list(ex.prompt) if isinstance(ex.prompt, list) else []
-        groups.append(
-            [
-                Trajectory(ex, list(ids), len(ids), [dict(m) for m in messages], max_tokens=params.max_tokens)
-                for _ in range(params.n)
-            ]
-        )
-    first = []
-    for g in groups:
-        if _fits(g[0], params):
-            first.append(g)
-        else:  # the prompt alone leaves no room for max_tokens
-            for t in g:
-                t.truncated = t.done = True
-    if first:  # one request per example carries all n samples
-        samples = _sample(healthy_urls, [g[0].ids for g in first], params.n, params)
-        for g, group_samples in zip(first, samples, strict=True):
-            for t, s in zip(g, group_samples, strict=True):
-                _add_turn(t, s, env)
-    running = [t for g in groups for t in g if not t.done]
-    while running:
-        asyncio.run(_respond_all(env, running, tok, params))
-        running = [t for t in running if not t.done]
-        if running:
-            samples = _sample(healthy_urls, [t.ids for t in running], 1, params)
-            for t, (s,) in zip(running, samples, strict=True):
-                _add_turn(t, s, env)
-            running = [t for t in running if not t.done]
-    trajs = [t for g in groups for t in g]
-    asyncio.run(_score_all(env, trajs))
-    if failed := [t for t in trajs if t.error]:
+    """`params.n` scored trajectories per example, grouped by example, all in flight at once."""
+
+    async def run() -> list[list[Trajectory]]:
+        sampler = Sampler(replicas, params.temperature, params.stall_timeout_s)
+        try:
+            return list(
+                await asyncio.gather(*(rollout_group(env, ex, params, tok, sampler) for ex in examples))
+            )
+        finally:
+            await sampler.aclose()
+
+    groups = asyncio.run(run())
+    if failed := [t for g in groups for t in g if t.error]:
         log.warning(
             "env %r: %d of %d samples failed to score (reward 0); first: %s",
             env.name,
             len(failed),
-            len(trajs),
+            sum(len(g) for g in groups),
             failed[0].error,
         )
     return groups
 
 
-def raise_if_none_scored(trajs: list[Trajectory]) -> None:
+def raise_if_none_scored(errors: list[str | None]) -> None:
     """A step (or an eval) where every sample failed to score fails, with the first error: a
     reward function that always raises is a bug to fix, not a signal to train on."""
-    if trajs and all(t.error for t in trajs):
-        raise DeterministicError(f"every sample failed to score; first error: {trajs[0].error}")
+    if errors and all(errors):
+        raise DeterministicError(f"every sample failed to score; first error: {errors[0]}")
 
 
 def _fits(t: Trajectory, params: SamplingParams) -> bool:
     return len(t.ids) + params.max_tokens <= params.max_model_len
 
 
-def _sample(
-    healthy_urls: Callable[[], list[str]], prompts: list[list[int]], n: int, params: SamplingParams
-) -> list[list[Sample]]:
-    return sample_with_healing(
-        healthy_urls, prompts, n, params.max_tokens, params.temperature, params.timeout_s
-    )
-
-
-def _add_turn(t: Trajectory, s: Sample, env: Environment) -> None:
+def _add_turn(t: Trajectory, s: Sample, env: Environment, tok: PreTrainedTokenizerBase) -> None:
     start = len(t.ids)
     t.extend(s.completion_ids, s.logprobs)
+    # a continued sample's streamed text may be cut at the seam; its ids are exact
+    text = tok.decode(s.completion_ids, skip_special_tokens=True) if s.resent else s.text
     turn = {
-        "text": s.text,
+        "text": text,
         "finish_reason": s.finish_reason,
         "start": start,
         "end": len(t.ids),
         "replica": s.replica,
         "resent": s.resent,
+        "versions": runs(s.versions),
     }
     t.turns.append(turn)
     if env.chat:
-        t.messages.append(parse_assistant(s.text))
+        t.messages.append(parse_assistant(text))
     t.done = len(t.turns) >= env.max_turns
 
 
-async def _respond_all(
-    env: Environment, running: list[Trajectory], tok: PreTrainedTokenizerBase, params: SamplingParams
-) -> None:
-    replies = await asyncio.gather(*(env.respond(t) for t in running))
-    for t, reply in zip(running, replies, strict=True):
-        if not reply:
-            t.done = True
-            continue
-        tail = tok.decode(t.ids[-1:]) if t.turns and t.turns[-1]["end"] > t.turns[-1]["start"] else ""
-        t.messages += reply
-        t.extend(continuation_ids(tok, reply, env.tools_for(t.example), tail))
-        if not _fits(t, params):
-            t.truncated = t.done = True
+def runs(versions: list[int]) -> list[list[int]]:
+    """Per-token versions as [[version, count], ...] (a turn spans one or two versions)."""
+    out: list[list[int]] = []
+    for v in versions:
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return out
 
 
-async def _score_all(env: Environment, trajs: list[Trajectory]) -> None:
-    async def one(t: Trajectory) -> None:
-        try:
-            t.reward, t.metrics = await env.score(t)
-        except Exception as e:
-            t.reward, t.metrics, t.error = 0.0, {}, str(e) if isinstance(e, RewardError) else describe(e)
-
-    await asyncio.gather(*(one(t) for t in trajs))
+async def _score(env: Environment, t: Trajectory) -> None:
+    try:
+        t.reward, t.metrics = await env.score(t)
+    except Exception as e:
+        t.reward, t.metrics, t.error = 0.0, {}, str(e) if isinstance(e, RewardError) else describe(e)

@@ -1,19 +1,15 @@
-"""One step of rollouts: each env's prompts -> trajectories with rewards -> `rollouts/step_N` in the store."""
+"""A step's rollouts in the run store: trajectory records, `rollouts/step_N`, staleness rules."""
 
 from __future__ import annotations
 
 import json
 import logging
 import statistics
-import time
-from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlfleet.config.models import OrchestratorConfig
-from rlfleet.orchestrator.envs import Trajectory, load_envs
-from rlfleet.orchestrator.generate import SamplingParams, generate, raise_if_none_scored
+from rlfleet.orchestrator.envs import Trajectory
 from rlfleet.store import RunStore, step_dir
 
 if TYPE_CHECKING:
@@ -42,54 +38,13 @@ def usable(step: int, policy_step: int, max_async_level: int) -> bool:
     return 0 <= staleness(step, policy_step) <= max_async_level
 
 
-def run_rollout(
-    store: RunStore,
-    step: int,
-    cfg: OrchestratorConfig,
-    model_path: str,
-    healthy_urls: Callable[[], list[str]],
-    seed: int,
-    policy_step: int,
-    max_model_len: int,
-) -> dict[str, Any]:
-    """Sample `batch_size` prompts (shared among the envs by weight) x `group_size` rollouts,
-    score them and publish the token-level trajectories.
+def trajectory_record(t: Trajectory, group: int, env: str, started: int) -> dict[str, Any]:
+    """What `rollouts/step_N` keeps of a trajectory: the tokens the trainer needs, and the rest.
 
-    `policy_step` is the weight version the servers hold (-1 = initial weights); every sample
-    records it so the trainer can tell how off-policy it is.
-    """
-    tok = load_tokenizer(model_path)
-    params = SamplingParams(
-        cfg.group_size, cfg.max_tokens, cfg.temperature, cfg.request_timeout_s, max_model_len
-    )
-    seen: list[str] = []
-
-    def urls() -> list[str]:  # remembers the last answer: no second health check just to count
-        seen[:] = healthy_urls()
-        return seen
-
-    t0 = time.perf_counter()
-    groups: list[tuple[str, list[Trajectory]]] = []
-    for env, count in zip(load_envs(cfg.env), cfg.env_counts(), strict=True):
-        groups += [(env.name, g) for g in generate(env, env.examples(step, count, seed), params, tok, urls)]
-    sample_seconds = time.perf_counter() - t0
-    raise_if_none_scored([t for _, g in groups for t in g])
-    shards: dict[int, list[dict[str, Any]]] = {}
-    for i, (name, group) in enumerate(groups):
-        for t in group:
-            shards.setdefault(i % max(len(seen), 1), []).append(trajectory_record(t, i, name, policy_step))
-    records = [r for s in shards.values() for r in s]
-    meta = {
-        "step": step,
-        "policy_step": policy_step,
-        "sample_seconds": sample_seconds,  # time inside inference and envs (benchmarks/control_plane.py)
-        **rollout_stats(records),
-    }
-    return publish_rollout(store, step, shards, meta)
-
-
-def trajectory_record(t: Trajectory, group: int, env: str, policy_step: int) -> dict[str, Any]:
-    """What `rollouts/step_N` keeps of a trajectory: the tokens the trainer needs, and the rest."""
+    `policy_step` is the oldest weight version among its sampled tokens (each turn's `versions`
+    has them per token), `policy_step_max` the newest; `started` (the version served when it was
+    sent) stands in for a trajectory that sampled nothing."""
+    versions = [v for turn in t.turns for v, _ in turn.get("versions", [])] or [started]
     return {
         "group": group,
         "env": env,
@@ -101,7 +56,8 @@ def trajectory_record(t: Trajectory, group: int, env: str, policy_step: int) -> 
         "reward": t.reward,
         "metrics": t.metrics,
         "error": t.error,
-        "policy_step": policy_step,
+        "policy_step": min(versions),
+        "policy_step_max": max(versions),
         "truncated": t.truncated,
         "turns": t.turns,
         "messages": t.messages,

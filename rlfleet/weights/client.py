@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -15,25 +16,36 @@ class WeightUpdateError(RuntimeError):
     pass
 
 
-def load(url: str, ticket: dict[str, Any], rank_base: int = 1, timeout_s: float = 300.0) -> dict[str, Any]:
+def load(
+    url: str,
+    ticket: dict[str, Any],
+    rank_base: int = 1,
+    timeout_s: float = 300.0,
+    in_flight_kv: str = "recompute",
+    loaded: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Pause -> load the ticket's weights -> resume; seconds of each call.
 
-    `/pause?mode=wait` lets requests in flight finish on the old weights (they were recorded with
-    the old version), then drops the KV and prefix caches (vLLM's `clear_cache`, on by default in
-    0.26 and 0.32), and holds new requests until `/resume`: no sample mixes two weight versions and
-    no cached KV entry outlives the weights that computed it. A filesystem
-    ticket is loaded by vLLM's own `reload_weights`; the others by rlfleet's worker extension
-    (`vllm_worker.WeightSync.rlfleet_load`), `rank_base` being this replica's first rank in an
-    nccl group."""
+    `/pause?mode=keep` freezes the requests in flight where they are (they are not drained and
+    not aborted) and holds new ones until `/resume`. `in_flight_kv`: `recompute` drops the KV and
+    prefix caches (vLLM preempts the frozen requests, which recompute their KV with the new
+    weights when they resume); `keep` reuses the old weights' KV. `loaded()` runs between the load
+    and `/resume`: from then on every token this replica samples is the new version's. A
+    filesystem ticket is loaded by vLLM's own `reload_weights`; the others by rlfleet's worker
+    extension (`vllm_worker.WeightSync.rlfleet_load`), `rank_base` being this replica's first rank
+    in an nccl group."""
     if ticket["transport"] == "filesystem":
         rpc = {"method": "reload_weights", "kwargs": {"weights_path": ticket["path"]}}
     else:
         rpc = {"method": "rlfleet_load", "args": [json.dumps(ticket), str(rank_base)]}
     times: dict[str, Any] = {}
+    pause = {"mode": "keep", "clear_cache": str(in_flight_kv == "recompute").lower()}
     with httpx.Client(timeout=timeout_s, verify=tls()) as client:
-        _post(client, f"{url}/pause", times, "pause", params={"mode": "wait"})
+        _post(client, f"{url}/pause", times, "pause", params=pause)
         try:
             resp = _post(client, f"{url}/collective_rpc", times, "load", json=rpc)
+            if loaded is not None:
+                loaded()
         finally:
             _post(client, f"{url}/resume", times, "resume")
     if rpc["method"] == "rlfleet_load":  # per worker: transfer vs load_weights

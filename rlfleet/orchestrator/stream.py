@@ -1,0 +1,285 @@
+"""Continuous rollouts: groups are sampled without a step barrier into a buffer in the run store,
+and step N takes the first finished groups whose tokens all come from weights it may train on.
+
+A background thread runs one event loop. It starts a group (one prompt, `group_size`
+trajectories, each its own coroutine) whenever the steps that are still to be taken need more
+groups than are in flight or buffered: the groups for steps `taken .. served + 1 + k`, where
+`served` is the weight version the pool holds and k is `max_async_level`. With k = 0 that is one
+step's groups on the newest weights (on-policy); with k >= 1 the replicas keep sampling while the
+trainer steps and while weights change (the pool loads them with requests paused in place).
+
+A finished group is written to `buffer/groups/<uid>.json` before it is taken, so a controller that
+restarts loses no group still within bound. `take(N)` waits for each env's share of
+`batch_size` groups with `N-1-k <= oldest token's version` and `newest <= N-1`, publishes them as
+`rollouts/step_N` and removes them from the buffer; groups that can no longer train any step are
+dropped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rlfleet.config.models import OrchestratorConfig
+from rlfleet.errors import TransientError, is_transient
+from rlfleet.orchestrator.envs import load_envs
+from rlfleet.orchestrator.generate import SamplingParams, raise_if_none_scored, rollout_group
+from rlfleet.orchestrator.rollout import load_tokenizer, publish_rollout, rollout_stats, trajectory_record
+from rlfleet.orchestrator.sampler import Replicas, Sampler
+from rlfleet.store import RunStore
+
+log = logging.getLogger("rlfleet.orchestrator")
+GROUPS = "buffer/groups"
+CURSOR = "buffer/cursor.json"
+
+
+@dataclass
+class Group:
+    uid: str  # "<prompt chunk>-<index in it>"
+    env: str
+    records: list[dict[str, Any]]
+    finished_at: float = field(default_factory=time.time)
+
+    @property
+    def oldest(self) -> int:
+        return min(r["policy_step"] for r in self.records)
+
+    @property
+    def newest(self) -> int:
+        return max(r["policy_step_max"] for r in self.records)
+
+    def fits(self, step: int, k: int) -> bool:
+        return step - 1 - k <= self.oldest and self.newest <= step - 1
+
+
+@dataclass
+class Counts:
+    """Lifetime numbers of the stream (what a step record and the benchmarks read)."""
+
+    started: int = 0
+    finished: int = 0
+    dropped_stale: int = 0
+    failed: int = 0
+    generated_tokens: int = 0
+    resent_samples: int = 0
+
+
+class RolloutStream:
+    def __init__(
+        self,
+        cfg: OrchestratorConfig,
+        store: RunStore,
+        model_path: str,
+        replicas: Replicas,
+        served: Any,  # () -> int: the version the pool holds
+        seed: int,
+        max_model_len: int,
+        next_step: int,
+    ):
+        self.cfg, self.store, self.replicas, self.served, self.seed = cfg, store, replicas, served, seed
+        self.model_path = model_path
+        self.params = SamplingParams(
+            cfg.group_size, cfg.max_tokens, cfg.temperature, cfg.stall_timeout_s, max_model_len
+        )
+        self.envs = load_envs(cfg.env)
+        self.counts_per_env = dict(zip([e.name for e in self.envs], cfg.env_counts(), strict=True))
+        self.taken = next_step  # the next step take() serves
+        self.counts = Counts()
+        self.error: BaseException | None = None
+        self._ready: list[Group] = []  # finished, in finish order
+        self._in_flight = 0  # groups
+        self._failing = 0  # groups failed since the last one finished
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._cursor = store.read_json(CURSOR)["chunk"] + 1 if store.exists(CURSOR) else 0
+        self._queue: list[tuple[Any, Any, str]] = []  # (env, example, uid) drawn, not yet started
+        self._restore(next_step)
+
+    # -- the controller's side -------------------------------------------------------------
+    def start(self) -> RolloutStream:
+        self._thread = threading.Thread(target=self._run, name="rollout-stream", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.notify()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def notify(self) -> None:
+        """The served version (or the demand) changed: start what is now needed."""
+        if self._loop is not None and self._wake is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def take(self, step: int) -> dict[str, Any]:
+        """Block until step N's groups are finished, publish them as `rollouts/step_N`; its manifest."""
+        k = self.cfg.max_async_level
+        t0 = time.perf_counter()
+        with self._cond:
+            while True:
+                self._drop_stale(step)
+                chosen = self._choose(step, k)
+                if chosen is not None:
+                    break
+                if self.error is not None:
+                    raise self.error
+                if self._stop.is_set():
+                    raise TransientError("the rollout stream was stopped")
+                self._cond.wait(timeout=1.0)
+            for g in chosen:
+                self._ready.remove(g)
+            self.taken = max(self.taken, step + 1)
+            waited = time.perf_counter() - t0
+            buffered, counts = len(self._ready), asdict(self.counts)
+        self.notify()
+        records = []
+        for i, g in enumerate(chosen):
+            records += [dict(r, group=i, group_uid=g.uid) for r in g.records]
+        raise_if_none_scored([r["error"] for r in records])
+        meta = {
+            "step": step,
+            "policy_step": min(g.oldest for g in chosen),
+            "policy_steps": sorted(
+                {r["policy_step"] for r in records} | {r["policy_step_max"] for r in records}
+            ),
+            "sample_seconds": waited,  # how long the step waited for its groups
+            "group_uids": [g.uid for g in chosen],
+            "buffered_groups": buffered,
+            "stream": counts,
+            "taken_at": time.time(),
+            **rollout_stats(records),
+        }
+        manifest = publish_rollout(self.store, step, {0: records}, meta)
+        for g in chosen:
+            self.store.remove(f"{GROUPS}/{g.uid}.json")
+        return manifest
+
+    def _choose(self, step: int, k: int) -> list[Group] | None:
+        chosen: list[Group] = []
+        for env, count in self.counts_per_env.items():
+            mine = [g for g in self._ready if g.env == env and g.fits(step, k)][:count]
+            if len(mine) < count:
+                return None
+            chosen += mine
+        return sorted(chosen, key=lambda g: g.finished_at)
+
+    def _drop_stale(self, step: int) -> None:
+        """Groups too old for `step` are too old for every later step."""
+        k = self.cfg.max_async_level
+        stale = [g for g in self._ready if g.oldest < step - 1 - k]
+        for g in stale:
+            self._ready.remove(g)
+            self.store.remove(f"{GROUPS}/{g.uid}.json")
+        if stale:
+            self.counts.dropped_stale += len(stale)
+            log.info("rollout stream: dropped %d groups too stale for step %d", len(stale), step)
+
+    def _restore(self, next_step: int) -> None:
+        """A restarted controller keeps the buffered groups step `next_step` may still use;
+        those of a published rollout (taken just before a crash) and those sampled by weights a
+        resume is about to recompute (newer than next_step - 1) go."""
+        taken = set()
+        for s in self.store.complete_steps("rollouts"):
+            taken |= set(self.store.manifest(f"rollouts/step_{s}", verify=False).get("group_uids", []))
+        kept = []
+        for name in sorted(self.store.fs.glob(self.store.path(GROUPS, "*.json"))):
+            uid = name.rsplit("/", 1)[-1][: -len(".json")]
+            g = Group(**self.store.read_json(f"{GROUPS}/{uid}.json"))
+            if uid in taken or g.newest > next_step - 1:
+                self.store.remove(f"{GROUPS}/{uid}.json")
+            else:
+                kept.append(g)
+        self._ready = sorted(kept, key=lambda g: g.finished_at)
+        if kept:
+            log.info("rollout stream: %d buffered groups kept from an earlier controller", len(kept))
+
+    # -- the sampling loop (its own thread and event loop) --------------------------------
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # surfaces in take()
+            log.exception("rollout stream failed")
+            with self._cond:
+                self.error = exc
+                self._cond.notify_all()
+
+    def _wanted(self) -> int:
+        """Groups the steps up to the newest usable one still need beyond those in flight or ready."""
+        steps = self.served() + 1 + self.cfg.max_async_level - self.taken + 1
+        with self._cond:
+            have = self._in_flight + len(self._ready)
+        return max(steps, 0) * self.cfg.batch_size - have
+
+    async def _main(self) -> None:
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        tok = await asyncio.to_thread(load_tokenizer, self.model_path)
+        sampler = Sampler(self.replicas, self.cfg.temperature, self.cfg.stall_timeout_s)
+        tasks: set[asyncio.Task] = set()
+        try:
+            while not self._stop.is_set():
+                for _ in range(self._wanted()):
+                    env, example, uid = self._next_example()
+                    served = self.served()
+                    task = asyncio.create_task(self._group(env, example, uid, served, tok, sampler))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    with self._cond:
+                        self._in_flight += 1
+                        self.counts.started += 1
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=0.5)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await sampler.aclose()
+
+    def _next_example(self) -> tuple[Any, Any, str]:
+        """Prompts come in chunks of one step's worth (`batch_size`, shared among the envs by
+        weight), chunk c being what `env.examples(c, ...)` gives: on-policy without drops, chunk N
+        is step N's prompts, as a step-synchronous loop would have drawn them."""
+        if not self._queue:
+            c = self._cursor
+            for env in self.envs:
+                exs = env.examples(c, self.counts_per_env[env.name], self.seed)
+                self._queue += [(env, ex, f"{c}-{env.name}-{i}") for i, ex in enumerate(exs)]
+            self.store.write_json(CURSOR, {"chunk": c})
+            self._cursor += 1
+        return self._queue.pop(0)
+
+    async def _group(self, env: Any, example: Any, uid: str, served: int, tok: Any, sampler: Sampler) -> None:
+        try:
+            trajs = await rollout_group(env, example, self.params, tok, sampler)
+        except Exception as exc:
+            with self._cond:
+                self._in_flight -= 1
+                self.counts.failed += 1
+                self._failing += 1
+                if not is_transient(exc) or self._failing >= self.cfg.batch_size:
+                    self.error = exc  # a bug, or nothing comes back: fail the step, do not wait forever
+                self._cond.notify_all()
+            log.warning("rollout stream: group %s failed: %s", uid, exc)
+            self.notify()
+            return
+        group = Group(uid, env.name, [trajectory_record(t, 0, env.name, served) for t in trajs])
+        self.store.write_json(f"{GROUPS}/{uid}.json", asdict(group))
+        with self._cond:
+            self._in_flight -= 1
+            self._ready.append(group)
+            self._failing = 0
+            self.counts.finished += 1
+            self.counts.generated_tokens += sum(sum(r["loss_mask"]) for r in group.records)
+            self.counts.resent_samples += sum(any(t.get("resent") for t in r["turns"]) for r in group.records)
+            self._cond.notify_all()
