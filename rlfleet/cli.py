@@ -242,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_to_rank_file()  # a torchrun rank (trainer, sft): its own logs/<name>/rank_R.log
     # The ephemeral Prefect server otherwise logs an error per run trying to reach its telemetry host.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect's temporary server waits 20 s for itself by default; on a cold GPU machine its first
+    # start (imports, SQLite migrations) took longer and the run died before its first task.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     try:
         return COMMANDS[argv[0]](argv[1:])
     except ConfigError as e:
