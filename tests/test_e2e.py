@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
+import threading
 import tomllib
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import torch
 from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
 from rlfleet.orchestrator.rollout import read_rollout, staleness
+from rlfleet.orchestrator.sampler import Sample, Sampler
 from rlfleet.store import RunStore
 from tests.conftest import free_port
 from tests.helpers import prompt_logprobs
@@ -175,13 +178,41 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
         assert vllm_cores and not vllm_cores & set(written["trainer"]["trainer"]["cpu_affinity"])
 
 
+def load_under_a_request(pool, prompt: list[int], ticket: dict) -> tuple[dict, Sample]:
+    """`pool.broadcast(ticket)` while a 900-token request streams; (its manifest, the sample)."""
+    streamed = threading.Event()
+
+    class Watched:  # the pool as the sampler sees it: asked per chunk, so it knows one arrived
+        asked = 0
+
+        def ensure(self) -> list[str]:
+            return pool.ensure()
+
+        def version(self, url: str) -> int:
+            Watched.asked += 1
+            if Watched.asked == 3:  # the request was sent and two chunks are in
+                streamed.set()
+            return pool.version(url)
+
+    async def main() -> tuple[dict, Sample]:
+        sampler = Sampler(Watched(), 1.0, 60.0, extra_body={"ignore_eos": True})
+        try:
+            task = asyncio.create_task(sampler.sample(prompt, 1, 900))
+            assert await asyncio.to_thread(streamed.wait, 60)
+            manifest = await asyncio.to_thread(pool.broadcast, ticket)
+            (sample,) = await task
+            return manifest, sample
+        finally:
+            await sampler.aclose()
+
+    return asyncio.run(main())
+
+
 def test_weight_transports_change_served_logprobs(tiny_model, tmp_path):
     """Each step's weights reach a real vLLM server through the filesystem and through the nccl
     transport (gloo on CPU: the trainer's sender in this process, rlfleet's worker extension in
     vLLM's): after each load vLLM's logprobs match HF's on those weights. A second sender (a
     relaunched trainer: a new group) is joined by the same server without a restart."""
-    import threading
-
     from transformers import AutoModelForCausalLM
 
     from rlfleet.inference.pool import InferencePool
@@ -191,7 +222,8 @@ def test_weight_transports_change_served_logprobs(tiny_model, tmp_path):
     from rlfleet.weights.tickets import served_step, ticket
 
     port = free_port()
-    cfg = rl_config(tiny_model, tmp_path / "run", max_steps=1, **{"weights.nccl-port": str(port)})
+    long = {"weights.nccl-port": str(port), "inference.max-model-len": "1024"}  # room for a long request
+    cfg = rl_config(tiny_model, tmp_path / "run", max_steps=1, **long)
     store = RunStore(cfg.output_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     prompt = [1, *range(40, 60)]
@@ -221,9 +253,13 @@ def test_weight_transports_change_served_logprobs(tiny_model, tmp_path):
         url = pool.ensure()[0]
         started = pool.replicas[0].started  # what the launch task logs
         before = prompt_logprobs(url, prompt)
+        initial = copy.deepcopy(model)
         hf0 = perturb()
+        model_at_step0 = copy.deepcopy(model)
         model.save_pretrained(tmp_path / "trained")
-        fs = pool.broadcast({"transport": "filesystem", "step": 0, "path": str(tmp_path / "trained")})
+        fs, spanning = load_under_a_request(
+            pool, prompt, {"transport": "filesystem", "step": 0, "path": str(tmp_path / "trained")}
+        )
         after_fs = prompt_logprobs(url, prompt)
         hf1 = perturb()
         first = NcclPublisher(store, Parallel(), "float32", port, receivers=1, timeout_s=60)
@@ -242,3 +278,17 @@ def test_weight_transports_change_served_logprobs(tiny_model, tmp_path):
     assert off(after_fs, after_nccl) > 1e-2 and off(after_nccl, hf1) < 1e-3
     assert off(after_nccl, after_relaunch) > 1e-2 and off(after_relaunch, hf2) < 1e-3
     assert nccl1["calls"][0]["workers"][0]["step"] == 1
+    # A request in flight during the load: its tokens are credited to -1 then 0, in that order, and
+    # each token's sampling logprob is the one of the weights that sampled it (the new weights
+    # recompute the KV of the paused request), never a mix: what the loss's ratio is taken against.
+    seq = torch.tensor([prompt + spanning.completion_ids])
+    by = {
+        v: token_logprobs(m(input_ids=seq).logits[:, :-1], seq[:, 1:])[0, len(prompt) - 1 :].tolist()
+        for v, m in ((-1, initial), (0, model_at_step0))
+    }
+    assert spanning.versions == sorted(spanning.versions) and set(spanning.versions) == {-1, 0}
+    for i, (v, lp) in enumerate(zip(spanning.versions, spanning.logprobs, strict=True)):
+        assert abs(lp - by[0][i]) < 1e-3 or (v == -1 and abs(lp - by[-1][i]) < 1e-3), (i, v, lp)
+    assert sum(
+        abs(lp - by[0][i]) < 1e-3 for i, lp in enumerate(spanning.logprobs)
+    ) >= spanning.versions.count(0)

@@ -143,9 +143,10 @@ def test_a_failed_replica_s_samples_continue_elsewhere_from_their_tokens(servers
         # sent the prompt plus those 3 tokens and a budget of 5: nothing sampled twice
         assert s.completion_ids == [102, 103, 104, 105, 106, 107, 108, 109] and len(s.logprobs) == 8
         assert s.resent == 1 and s.replica == good.url and s.finish_reason == "length"
-    assert sorted((b["prompt"], b["max_tokens"], b["n"]) for b in good.bodies) == [
-        ([1, 2, 102, 103, 104], 5, 1)
-    ] * 2
+    assert (
+        sorted((b["prompt"], b["max_tokens"], b["n"]) for b in good.bodies)
+        == [([1, 2, 102, 103, 104], 5, 1)] * 2
+    )
 
 
 def test_a_replica_relaunched_by_the_pool_takes_the_rest(servers):

