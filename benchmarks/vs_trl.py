@@ -58,11 +58,13 @@ COLS = {"wall_s": "wall s", "startup_s": "start-up s", "median_step_s": "step s"
 COLS |= {"gen_tokens_per_s": "tokens/s", "reward_first3": "reward first 3", "reward_last3": "last 3"}
 
 
-def timed_command(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[float, float]:
-    """Run `cmd` in the repo root, output to `log`; (wall clock at its start, its wall seconds)."""
+def timed_command(
+    cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> tuple[float, float]:
+    """Run `cmd` in `cwd` (the repo root), output to `log`; (wall clock at its start, its wall seconds)."""
     t0 = time.time()
     with log.open("w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+        rc = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     if rc != 0:
         tail = "\n".join(log.read_text().splitlines()[-40:])
         raise RuntimeError(f"{cmd[:3]} exited {rc}; the end of {log}:\n{tail}")
@@ -84,13 +86,16 @@ def summary(
     }
 
 
-def run_rlfleet(argv: list[str], out: Path, log: Path) -> dict[str, Any]:
+def run_rlfleet(
+    argv: list[str], out: Path, log: Path, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> dict[str, Any]:
+    """`rlfleet rl argv` (another checkout's: its root as `cwd` and in env's PYTHONPATH), read back."""
     from rlfleet.runs.status import step_records
     from rlfleet.store import RunStore
 
     exe = Path(sys.executable).parent / "rlfleet"  # else the module, from an uninstalled checkout
     t0, wall = timed_command(
-        [*([str(exe)] if exe.exists() else [sys.executable, "-m", "rlfleet.cli"]), "rl", *argv], log
+        [*([str(exe)] if exe.exists() else [sys.executable, "-m", "rlfleet.cli"]), "rl", *argv], log, env, cwd
     )
     store = RunStore(str(out))
     recs = step_records(store)
@@ -128,6 +133,7 @@ def run_trl(spec: dict[str, Any], tmp: Path, log: Path) -> dict[str, Any]:
         "generate": [g["generate_s"] for g in gens],
         "reward": rewards,
         "tokens": tokens,
+        "lengths": [g["lengths"] for g in gens],  # completion tokens of each sample
     }
     res = summary(wall, begins[0] - t0, clock["end"] - begins[0], steps, tokens, rewards)
     return res | {"split_median_s": split, "per_step": per_step}
@@ -144,7 +150,8 @@ def trl_worker(spec_path: str) -> None:
     from rlfleet.orchestrator.envs.repeat import reward
 
     def repeat_reward(completions: list[str], letter: list[str], **_: Any) -> list[float]:
-        return [reward(a, c, spec["max_tokens"]) for a, c in zip(letter, completions, strict=True)]
+        per = spec.get("per", "max_tokens")
+        return [reward(a, c, spec["max_tokens"], per=per) for a, c in zip(letter, completions, strict=True)]
 
     clock: dict[str, Any] = {"begins": [], "logs": [], "gens": []}
 
@@ -170,6 +177,7 @@ def trl_worker(spec_path: str) -> None:
             t = time.perf_counter()
             out = super()._generate_and_score_completions(inputs)
             g["total_s"], g["tokens"] = time.perf_counter() - t, int(out["completion_mask"].sum().item())
+            g["lengths"] = out["completion_mask"].sum(1).tolist()
             return out
 
     rows, args = spec["rows"], GRPOConfig(**spec["grpo"])
@@ -211,7 +219,8 @@ def trl_spec(cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool) -> d
     if [tok(r["prompt"])["input_ids"] for r in rows] != ids:
         raise SystemExit("prompt token ids differ between rlfleet and TRL's input text")
     seqs = o.batch_size * o.group_size
-    micro = o.micro_batch_size if seqs % o.micro_batch_size == 0 else seqs
+    mbs = o.micro_batch_size or 32  # TRL's micro-batches count sequences, as rlfleet's unpacked ones
+    micro = mbs if seqs % mbs == 0 else seqs
     vllm = {
         "vllm_mode": "colocate",
         "vllm_max_model_length": cfg.inference.max_model_len,
@@ -240,7 +249,13 @@ def trl_spec(cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool) -> d
         "save_strategy": "steps", "save_steps": t.checkpoint_interval, "save_only_model": False,
     }
     # fmt: on
-    out = {"model": str(model), "rows": rows, "prompt_ids": ids, "max_tokens": o.max_tokens}
+    out = {
+        "model": str(model),
+        "rows": rows,
+        "prompt_ids": ids,
+        "max_tokens": o.max_tokens,
+        "per": envs[0].args.per,
+    }
     return out | {"grpo": grpo, "result": str(tmp / "trl_clock.json")}
 
 

@@ -16,8 +16,8 @@ import torch
 
 from rlfleet.config.deployment import DeploymentConfig
 from rlfleet.config.loader import to_toml
-from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
-from rlfleet.config.placement import assign_gpus
+from rlfleet.config.models import ModelConfig, RLConfig, TrainerConfig, TrainerJobConfig
+from rlfleet.config.placement import PACKED_ROW_TOKENS, assign_gpus, gpu_defaults
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import publish_rollout, single_turn
 from rlfleet.store import RunStore
@@ -76,6 +76,22 @@ def test_more_than_one_trainer_gpu_is_placed_and_launched_with_torchrun(tmp_path
     assert cmd[-4:] == ["rlfleet.cli", "trainer", "@", "t.toml"]
     cfg = TrainerJobConfig(model=ModelConfig(path="m"), output_dir=str(tmp_path), gpu_ids=["1", "2"])
     assert TrainerProcess(cfg, tmp_path / "t.toml").cfg.gpu_ids == ["1", "2"]
+
+
+def test_a_gpu_trainer_trains_packed_rows_bounded_by_tokens_unless_the_config_says_otherwise(tmp_path):
+    """Long samples must not OOM a GPU trainer: unset, its micro-batch is one packed row of
+    max(max_model_len, 8192) tokens; a CPU trainer keeps 32 right-padded sequences."""
+
+    def shape(gpus: list[str], **kw: object) -> tuple[int | None, int | None]:
+        cfg = RLConfig.model_validate({"model": {"path": "m"}, "output_dir": str(tmp_path), **kw})
+        o = gpu_defaults(cfg, gpus, gpus).orchestrator
+        return o.seq_len, o.micro_batch_size
+
+    assert shape([]) == (0, 32)
+    assert shape(["0"]) == (PACKED_ROW_TOKENS, 1)
+    assert shape(["0"], inference={"max_model_len": 20000}, orchestrator={"max_tokens": 16000}) == (20000, 1)
+    assert shape(["0"], orchestrator={"seq_len": 0, "micro_batch_size": 8}) == (0, 8)
+    assert shape([], orchestrator={"seq_len": 1024, "micro_batch_size": 2}) == (1024, 2)
 
 
 def _publish(store: RunStore, steps: int) -> None:

@@ -112,11 +112,33 @@ def test_oom_is_retried_once_then_deterministic(tmp_path):
     record_trainer_error(store, 6, RuntimeError("NCCL timeout"))
     assert read_trainer_error(store) | {"message": ""} == {
         "pid": os.getpid(),
+        "job": os.environ.get("SLURM_JOB_ID"),
         "step": 6,
         "type": "RuntimeError",
         "message": "",
         "deterministic": False,
     }
+
+
+def test_a_multi_node_trainer_fails_on_its_own_jobs_error_not_on_the_one_a_resume_inherits(
+    tmp_path, monkeypatch
+):
+    """Trainer ranks of a SLURM job are not the controller's children: their error file is the
+    only sign of a failure, and a rerun resumes in the same store, where the failed job's stays."""
+    from rlfleet.config.models import ModelConfig, TrainerJobConfig
+    from rlfleet.trainer.launch import ExternalTrainer
+
+    store = RunStore(tmp_path)
+    trainer = ExternalTrainer(
+        TrainerJobConfig(model=ModelConfig(path="m"), output_dir=str(tmp_path)), tmp_path
+    )
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    record_trainer_error(store, 5, ValueError("shape mismatch"))  # the failed job's
+    monkeypatch.setenv("SLURM_JOB_ID", "42")  # the rerun, resuming at step 5
+    assert trainer.failure(store, 5) is None
+    record_trainer_error(store, 5, ValueError("shape mismatch"))
+    assert isinstance(trainer.failure(store, 5), DeterministicError)
+    assert trainer.failure(store, 6) is None  # an error of an earlier step is not this step's
 
 
 def test_prefect_retries_transient_failures_only(prefect_api):

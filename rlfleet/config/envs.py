@@ -19,6 +19,11 @@ class RepeatArgs(Strict):
     alphabet: NonEmptyStr = "abcdefgh"
     min_len: int = Field(4, ge=1)
     max_len: int = Field(8, ge=1)
+    per: Literal["max_tokens", "completion"] = Field(
+        "max_tokens",
+        description="The reward's denominator: max_tokens (longer completions score higher) or the "
+        "completion's own characters (its letter fraction; an empty completion scores 0).",
+    )
 
     @model_validator(mode="after")
     def _lengths(self) -> RepeatArgs:

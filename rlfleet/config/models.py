@@ -87,11 +87,17 @@ class OrchestratorConfig(Strict):
     group_size: int = Field(8, ge=2, description="Samples per prompt (GRPO group).")
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, gt=0.0)
-    micro_batch_size: int = Field(
-        32, ge=1, description="Sequences per trainer micro-batch (packed rows when seq_len > 0)."
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Sequences per trainer micro-batch (packed rows when seq_len > 0); unset = 32 "
+        "sequences, or on a GPU trainer 1 packed row (micro-batches by tokens).",
     )
-    seq_len: int = Field(
-        0, ge=0, description="Pack sequences into rows of this many tokens; 0 = one right-padded row each."
+    seq_len: int | None = Field(
+        None,
+        ge=0,
+        description="Pack sequences into rows of this many tokens; 0 = one right-padded row each; unset "
+        "= 0, or on a GPU trainer max(inference.max_model_len, 8192).",
     )
     max_async_level: int = Field(
         0,
@@ -180,7 +186,11 @@ class TrainerConfig(Strict):
     reshard_after_forward: bool = Field(True, description="Free gathered params after forward (ZeRO-3).")
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     optimizer_offload: bool = Field(False, description="FSDP2 CPU offload of params, grads, optim state.")
-    lm_head_chunk: int = Field(0, ge=0, description="Tokens per LM-head chunk for logprobs; 0 = full logits.")
+    lm_head_chunk: int | None = Field(
+        None,
+        ge=0,
+        description="Tokens per LM-head chunk for logprobs; 0 = full logits; unset = 8192 on a GPU, 0 on a CPU.",
+    )
     compile: bool = Field(False, description="torch.compile each decoder layer and the chunked LM head.")
 
     @field_validator("betas")

@@ -43,14 +43,33 @@ def assign_gpus(
     )
 
 
+# A GPU trainer's packed row when orchestrator.seq_len is unset (at least inference.max_model_len).
+PACKED_ROW_TOKENS = 8192
+
+
 def gpu_defaults(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> RLConfig:
     """Fill what depends on placement: vLLM's dtype (bfloat16 on a GPU), which the trainer's
-    weight transport must match, and vLLM's share of a GPU it shares with the trainer (0.45)."""
-    i = cfg.inference
+    weight transport must match, vLLM's share of a GPU it shares with the trainer (0.45), and the
+    trainer's batch shape. A GPU trainer (a multi-node job's on GPU nodes included) gets packed rows of
+    max(max_model_len, 8192) tokens, one row per micro-batch, so that a micro-batch is bounded by
+    tokens and a step of long samples fits; a CPU trainer gets 32 right-padded sequences."""
+    i, o = cfg.inference, cfg.orchestrator
     update = {"dtype": i.vllm_dtype(cfg.model.dtype, bool(inference_gpus))}
     if set(inference_gpus) & set(trainer_gpus) and i.gpu_memory_utilization is None:
         update["gpu_memory_utilization"] = 0.45
-    return cfg.model_copy(update={"inference": i.model_copy(update=update)})
+    d = cfg.deployment
+    packed = bool(trainer_gpus) or (d.type == "multi_node" and d.gpus_per_node > 0)
+    shape = {
+        "seq_len": o.seq_len
+        if o.seq_len is not None
+        else max(i.max_model_len, PACKED_ROW_TOKENS)
+        if packed
+        else 0,
+        "micro_batch_size": o.micro_batch_size or (1 if packed else 32),
+    }
+    return cfg.model_copy(
+        update={"inference": i.model_copy(update=update), "orchestrator": o.model_copy(update=shape)}
+    )
 
 
 def split_cpus(cfg: RLConfig, cpus: list[int] | None = None) -> RLConfig:

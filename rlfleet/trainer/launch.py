@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -136,8 +137,14 @@ class ExternalTrainer(TrainerProcess):
         return None
 
     def failure(self, store: RunStore, step: int) -> Exception | None:
+        """The error a rank of this SLURM job recorded at `step` or later; an earlier job's (the
+        run this one resumes) is not this trainer's."""
         error = read_trainer_error(store)
-        if error is None or error.get("step", -1) < step:
+        if (
+            error is None
+            or error.get("job") != os.environ.get("SLURM_JOB_ID")
+            or error.get("step", -1) < step
+        ):
             return None
         msg = (
             f"trainer on the train nodes failed: {error['type']} at step {error['step']}: {error['message']}"

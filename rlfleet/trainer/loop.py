@@ -34,7 +34,16 @@ from rlfleet.trainer.files import (
     read_trainer_error,
 )
 from rlfleet.trainer.parallel import Parallel, parallelize, setup, teardown
-from rlfleet.trainer.train import DTYPES, Policy, load_model, make_optimizer, pick_device, train_step, warm_up
+from rlfleet.trainer.train import (
+    DTYPES,
+    LM_HEAD_CHUNK,
+    Policy,
+    load_model,
+    make_optimizer,
+    pick_device,
+    train_step,
+    warm_up,
+)
 from rlfleet.weights.publisher import Publisher, make_publisher
 
 log = logging.getLogger("rlfleet.trainer")
@@ -62,6 +71,7 @@ def record_trainer_error(store: RunStore, step: int, exc: BaseException) -> None
         ERROR_FILE,
         {
             "pid": os.getpid(),
+            "job": os.environ.get("SLURM_JOB_ID"),  # an ExternalTrainer reads only its own job's
             "step": step,
             "type": type(exc).__name__,
             "message": str(exc)[:2000],
@@ -92,7 +102,9 @@ def build(
     else:
         lm = load_model(path, cfg.model.dtype, device)
     policy = Policy(lm)
-    policy.lm_head_chunk = tc.lm_head_chunk
+    policy.lm_head_chunk = (
+        tc.lm_head_chunk if tc.lm_head_chunk is not None else LM_HEAD_CHUNK[par.device.type]
+    )
     parallelize(policy, par, tc)
     return par, policy, make_optimizer(policy, tc)
 

@@ -31,6 +31,12 @@ def load_model(path: str, dtype: str, device: torch.device) -> PreTrainedModel:
     return model.to(device).train()
 
 
+# Tokens per LM-head chunk when the config leaves it unset: on a GPU the [tokens, vocab] logits of
+# long packed rows are what runs out of memory, and 8192 measured fastest of 2048/4096/8192 on an
+# H100 (BENCHMARKS.md); a CPU's tiny models keep full logits.
+LM_HEAD_CHUNK = {"cuda": 8192, "cpu": 0}
+
+
 class Policy(torch.nn.Module):
     """The HF causal LM and how logprobs leave it: full logits, or the chunked LM head.
 

@@ -1,0 +1,393 @@
+"""Job (a): single-turn `repeat` with long-tailed completion lengths, rlfleet (per variant) vs TRL.
+
+The lengths come from the model's own EOS: random init samples EOS at a steady rate per token, so
+lengths are geometric, clipped at max_tokens (the tiny model's 128 ids: 1/128; `--eos-rate` tunes
+a larger vocabulary's model to 4/max_tokens, see `tune_eos`). The repeat reward is per="completion"
+(the letter's share of the completion) so RL does not push every sample to max_tokens. Both
+frameworks get the same weights, prompts, reward and optimizer (vs_trl.py's pieces); TRL runs
+`--trl-steps` of them. Also measured: the engine's peak, one vLLM server started as rlfleet starts
+it (`engine_peak`) under C = batch x group and 2C concurrent `ignore_eos` requests; "busy" = a
+run's generated tokens/s over its step loop / the peak at C (busy_all: every token rlfleet's
+rollout stream sampled, groups it dropped as too stale or still held at the end included). Per
+step: completion-length mean, p50, p90, p99, max (rlfleet: `rollouts/step_N/*.jsonl`; TRL: its
+completion masks).
+
+    python benchmarks/long_tail.py --out benchmarks/results/long_tail_cpu_2core.json \
+        --variants "k0=--orchestrator.max-async-level 0;k1=--orchestrator.max-async-level 1"
+    python benchmarks/long_tail.py --device cuda --shape 05b --trl-vllm --steps 10 --trl-steps 3 \
+        --variants "k0=;k1=--orchestrator.max-async-level 1" --weights.transport cuda_ipc \
+        --out benchmarks/results/long_tail_h100_05b.json
+
+Any other `--section.key value` overrides the job for every rlfleet variant (and for TRL where
+vs_trl maps it); `--variants "NAME=ARGS;NAME=ARGS"` runs rlfleet once per entry with its own extra
+overrides; `--rlfleet-ref GITREF` also runs each variant from a `git worktree` of GITREF (named
+NAME@GITREF; that ref must know RepeatArgs.per).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from vs_trl import DIFFERS, ROOT, SHAPES, run_rlfleet, run_trl, trl_spec, versions
+
+# per device: the job (micro = rlfleet's micro_batch_size: packed rows when seq_len > 0), TRL's steps and
+# micro-batch (sequences), the peak's tokens per request
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "cpu": dict(max_tokens=256, max_model_len=320, batch=8, group=4, micro=32, seq_len=0, lr=5e-3, steps=4),
+    "cuda": dict(
+        max_tokens=4096, max_model_len=4608, batch=32, group=8, micro=4, seq_len=4608, lr=1e-5, steps=10
+    ),
+}
+TRL_STEPS = {"cpu": 2, "cuda": 5}
+PEAK_TOKENS = {"cpu": 128, "cuda": 512}
+TRL_MICRO = {"cpu": 32, "cuda": 8}
+RUN_COLS = {"wall_s": "wall s", "startup_s": "start s", "median_step_s": "step s", "steps_per_s": "steps/s"}
+RUN_COLS |= {"gen_tokens_per_s": "tok/s", "busy": "busy", "busy_all": "busy all"}
+LEN_COLS = {"len_mean": "mean", "len_p50": "p50", "len_p90": "p90", "len_p99": "p99", "len_max": "max"}
+LEN_COLS |= {"truncated": "share at max_tokens"}
+COLS = RUN_COLS | LEN_COLS
+
+
+def parse_variants(spec: str) -> list[tuple[str, list[str]]]:
+    """ "k0=;k1=--orchestrator.max-async-level 1" -> [("k0", []), ("k1", [...])]."""
+    out = []
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        name, _, args = part.partition("=")
+        if not name.strip() or name.strip() in {n for n, _ in out}:
+            raise SystemExit(f"--variants: bad or repeated name in {part!r}")
+        out.append((name.strip(), shlex.split(args)))
+    return out
+
+
+def checkout(ref: str, tmp: Path, stack: ExitStack) -> Path:
+    """A detached `git worktree` of `ref` under tmp, removed when `stack` closes."""
+    path = tmp / f"ref_{ref.replace('/', '_')}"
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), ref], cwd=ROOT, check=True)
+    stack.callback(subprocess.run, ["git", "worktree", "remove", "--force", str(path)], cwd=ROOT)
+    return path
+
+
+def runs(
+    variants: list[tuple[str, list[str]]], ref: str | None, tmp: Path, stack: ExitStack
+) -> list[tuple[str, list[str], Path]]:
+    """(name, extra overrides, checkout root) per rlfleet run: every variant here, and at `ref`."""
+    out = [(n, v, ROOT) for n, v in variants]
+    if ref:
+        root = checkout(ref, tmp, stack)
+        out = [(f"{n}@{ref}", v, root) for n, v in variants] + out
+    return out
+
+
+def run_variant(argv: list[str], out: Path, logs: Path, name: str, root: Path) -> dict[str, Any]:
+    """One `rlfleet rl` from checkout `root`; its trainer and vLLM logs copied beside the command's."""
+    env = None if root == ROOT else dict(os.environ, PYTHONPATH=str(root))
+    res = run_rlfleet(argv, out, logs / f"{name}.log", env, root)
+    for f in (out / "logs").rglob("*.log"):
+        shutil.copy(f, logs / f"{name}_{f.parent.name}_{f.name}")
+    last = json.loads((out / "steps" / f"step_{len(res['per_step']['step']) - 1}.json").read_text())
+    stream = last.get("stream") or {}  # the rollout stream's lifetime counts (absent before it existed)
+    loop_s = res["steps"] / res["steps_per_s"]
+    return res | {
+        "stream": stream,
+        "all_gen_tokens_per_s": stream.get("generated_tokens", 0) / loop_s or None,
+    }
+
+
+def rollout_records(out: Path, step: int) -> list[dict[str, Any]]:
+    """rlfleet's sample records of one step, read from the store's files (local output_dir)."""
+    files = sorted((out / "rollouts" / f"step_{step}").glob("*.jsonl"))
+    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
+
+
+def pct(xs: list[float]) -> dict[str, float]:
+    a = np.asarray(xs, dtype=float)
+    if not a.size:
+        return {k: float("nan") for k in ("mean", "p50", "p90", "p99", "max")}
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {
+        "mean": float(a.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(a.max()),
+    }
+
+
+def length_summary(lengths: list[list[int]], max_tokens: int) -> dict[str, Any]:
+    """Per-step length percentiles, and over the whole run (`len_*`, share that hit max_tokens)."""
+    every = [x for step in lengths for x in step]
+    return {f"len_{k}": v for k, v in pct(every).items()} | {
+        "truncated": sum(x >= max_tokens for x in every) / max(len(every), 1),
+        "lengths_per_step": [pct(step) for step in lengths],
+    }
+
+
+def tune_eos(model: Path, rate: float, positions: int = 1024, seed: int = 0) -> dict[str, float]:
+    """Make EOS about this likely per token, in any context: hidden dimension 0 becomes a constant
+    that no layer reads or writes (its embedding column one weight's size, its rows of o_proj and
+    down_proj and its input-norm weights 0), so after the final norm it is ~constant / rms(x); the
+    LM head reads EOS, and only EOS, from it with the weight that makes the mean P(EOS) over
+    `positions` random-token positions `rate`. The rest of the model is untouched; saved in its dtype."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(dev)
+    dtype, eos = json.loads((model / "config.json").read_text())["dtype"], m.config.eos_token_id
+    emb, head = m.get_input_embeddings().weight, m.get_output_embeddings().weight
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        emb[:, 0] = emb[:, 1:].std()
+        for layer in m.model.layers:
+            layer.self_attn.o_proj.weight[0] = layer.mlp.down_proj.weight[0] = 0.0
+            layer.input_layernorm.weight[0] = layer.post_attention_layernorm.weight[0] = 0.0
+        head[:, 0] = 0.0
+        ids = torch.randint(3, m.config.vocab_size, (1, positions), generator=g).to(dev)
+        h = m.model(ids).last_hidden_state[0]
+        base = h @ head.T
+        lo, hi = 0.0, 1e5
+        for _ in range(80):  # bisect the weight: P(EOS) rises with it (h[:, 0] > 0)
+            w = (lo + hi) / 2
+            logits = base.clone()
+            logits[:, eos] += w * h[:, 0]
+            p = torch.softmax(logits, -1)[:, eos]
+            lo, hi = (w, hi) if p.mean().item() < rate else (lo, w)
+        head[eos, 0] = w
+    m.to("cpu", getattr(torch, dtype)).save_pretrained(model, safe_serialization=True)
+    q = p.quantile(torch.tensor([0.1, 0.9], device=p.device)).tolist()
+    return {"eos_rate": p.mean().item(), "eos_rate_p10": q[0], "eos_rate_p90": q[1], "head_weight": w}
+
+
+def prepare_model(tmp: Path, shape: dict[str, Any], max_model_len: int, max_tokens: int, rate: float | None):
+    """The random-init model both frameworks load, with RoPE positions for max_model_len and (rate
+    None: if 1/vocab would run most samples to max_tokens) EOS tuned to `rate` (default 4/max_tokens),
+    in a subprocess so that this process never holds a CUDA context; (path, what tune_eos reports)."""
+    from rlfleet.trainer.tiny import make_tiny_model
+
+    model = make_tiny_model(tmp / "model", seed=0, **shape)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], max_model_len)
+    (model / "config.json").write_text(json.dumps(cfg, indent=2))
+    if rate is None:
+        rate = 0.0 if 1 / cfg["vocab_size"] >= 2 / max_tokens else 4 / max_tokens
+    if not rate:
+        return model, {"tuned": False, "natural_eos_rate": 1 / cfg["vocab_size"]}
+    cmd = [sys.executable, __file__, "--_tune-eos", str(model), str(rate), str(max_model_len)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+    return model, {"tuned": True, "target": rate} | json.loads(out)
+
+
+async def _burst(url: str, c: int, max_tokens: int, seed_ids: list[int]) -> int:
+    import httpx
+
+    from rlfleet.inference.server import SERVED_NAME
+
+    body = {"model": SERVED_NAME, "prompt": seed_ids, "max_tokens": max_tokens, "temperature": 1.0}
+    body |= {"ignore_eos": True, "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True}
+    async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=None)) as client:
+        resps = await asyncio.gather(*(client.post(f"{url}/v1/completions", json=body) for _ in range(c)))
+    return sum(len(r.raise_for_status().json()["choices"][0]["token_ids"]) for r in resps)
+
+
+def engine_peak(cfg: Any, concurrency: list[int], max_tokens: int, reps: int = 2) -> dict[str, Any]:
+    """One vLLM server started as rlfleet's flow starts it (placement, launch_replicas), then, for
+    each C, C requests at once (a few prompt ids, `ignore_eos`, max_tokens each, logprobs as the
+    sampler asks): generated tokens over the wall time of the burst, the best of `reps` bursts
+    after one warm-up burst."""
+    from rlfleet.config.placement import assign_gpus, gpu_defaults
+    from rlfleet.inference.server import launch_replicas, stop_replicas
+
+    inf, train = assign_gpus(cfg.deployment)
+    cfg = gpu_defaults(cfg, inf, train)
+    t0 = time.perf_counter()
+    replicas = launch_replicas(cfg.inference_job(inf))
+    out: dict[str, Any] = {
+        "start_s": time.perf_counter() - t0,
+        "max_tokens": max_tokens,
+        "by_concurrency": {},
+    }
+    try:
+        url, seed_ids = replicas[0].url, [1, 70, 71, 72]  # BOS + "abc" in the tiny tokenizer
+        asyncio.run(
+            _burst(url, concurrency[0], max_tokens, seed_ids)
+        )  # a fresh server's first bursts are slow
+        for c in concurrency:
+            tries = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                tokens = asyncio.run(_burst(url, c, max_tokens, seed_ids))
+                tries.append(tokens / (time.perf_counter() - t))
+            out["by_concurrency"][str(c)] = {"tokens": tokens, "tokens_per_s": max(tries), "tries": tries}
+            print(f"engine peak C={c}: {max(tries):.0f} tokens/s (best of {tries})", flush=True)
+    finally:
+        stop_replicas(replicas)
+    return out
+
+
+def save_partial(out: str, env: dict[str, Any], results: dict[str, Any]) -> None:
+    """What the runs so far measured, beside `out` (a run cut off by a time limit keeps them)."""
+    path = Path(out).with_suffix(".partial.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"env": env, "results": results}, indent=2, default=str))
+
+
+def job_toml(a: argparse.Namespace, d: dict[str, Any], model: Path, path: Path) -> Path:
+    import tomli_w
+
+    o = {"batch_size": d["batch"], "group_size": d["group"], "max_tokens": d["max_tokens"]}
+    o |= {"micro_batch_size": d["micro"], "seq_len": d["seq_len"], "temperature": 1.0}
+    # per left out at its default, so that a --rlfleet-ref older than RepeatArgs.per loads the job
+    o["env"] = [{"type": "repeat", "args": {"per": a.repeat_per} if a.repeat_per != "max_tokens" else {}}]
+    job = {"max_steps": d["steps"], "seed": 0, "model": {"path": str(model)}, "orchestrator": o}
+    job |= {"trainer": {"lr": d["lr"], "checkpoint_interval": 1000}, "wandb": {"mode": "disabled"}}
+    job["inference"] = {"max_model_len": d["max_model_len"]}
+    if a.device == "cuda":
+        job["model"]["dtype"] = "bfloat16"
+        job["deployment"] = {"num_inference_gpus": 1, "num_train_gpus": 1}
+    path.write_text(tomli_w.dumps(job))
+    return path
+
+
+def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--_tune-eos":
+        return print(json.dumps(tune_eos(Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default=None, help="default: tiny on cpu, 05b on cuda")
+    ap.add_argument("--steps", type=int, default=None, help="rlfleet's steps (default: 4 cpu, 10 cuda)")
+    ap.add_argument("--trl-steps", type=int, default=None, help="TRL's steps (default: 2 cpu, 5 cuda)")
+    ap.add_argument("--trl-vllm", action="store_true", help="TRL samples with colocated vLLM (GPU only)")
+    ap.add_argument("--only", choices=["both", "rlfleet", "trl"], default="both")
+    ap.add_argument("--variants", default="rlfleet=", help='"NAME=ARGS;NAME=ARGS": one rlfleet run each')
+    ap.add_argument("--rlfleet-ref", help="also run every variant from a git worktree of this ref")
+    ap.add_argument("--repeat-per", choices=["completion", "max_tokens"], default="completion")
+    ap.add_argument("--eos-rate", type=float, default=None, help="per-token EOS at init (0: leave it)")
+    ap.add_argument(
+        "--peak-tokens", type=int, default=None, help="tokens per peak request (128 cpu, 512 cuda)"
+    )
+    ap.add_argument("--no-peak", action="store_true")
+    ap.add_argument("--logs", help="keep every command's output in this directory")
+    ap.add_argument("--out", required=True)
+    a, overrides = ap.parse_known_args()
+    if a.trl_vllm and a.device != "cuda":
+        ap.error("--trl-vllm needs --device cuda")
+    a.shape = a.shape or ("05b" if a.device == "cuda" else "tiny")
+    d = DEFAULTS[a.device] | ({"steps": a.steps} if a.steps else {})
+    trl_steps = a.trl_steps or min(TRL_STEPS[a.device], d["steps"])
+
+    from common import free_port, machine, table
+
+    from rlfleet.config.loader import load
+    from rlfleet.config.models import RLConfig
+    from rlfleet.trainer.tiny import tiny_config
+
+    shape = SHAPES[a.shape] | ({"dtype": "bfloat16"} if a.device == "cuda" else {})
+    env: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp_s, ExitStack() as stack:
+        tmp = Path(tmp_s)
+        logs = Path(a.logs) if a.logs else tmp / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        model, env["eos"] = prepare_model(tmp, shape, d["max_model_len"], d["max_tokens"], a.eos_rate)
+        job = job_toml(a, d, model, tmp / "job.toml")
+        job_dict = tomllib.loads(job.read_text())
+
+        def argv(out: Path, steps: int, extra: list[str]) -> list[str]:
+            base = ["@", str(job), "--output-dir", str(out), "--inference.port", str(free_port())]
+            return [*base, "--max-steps", str(steps), *overrides, *extra]
+
+        cfg = load(RLConfig, argv(tmp / "peak", d["steps"], []))
+        seqs = d["batch"] * d["group"]
+        if not a.no_peak and a.only != "trl":
+            tokens = a.peak_tokens or PEAK_TOKENS[a.device]
+            env["engine_peak"] = engine_peak(cfg, [seqs, 2 * seqs], tokens)
+            save_partial(a.out, env, results)
+            for f in (tmp / "peak" / "logs").rglob("*.log"):
+                shutil.copy(f, logs / f"peak_{f.name}")
+        peak = env.get("engine_peak", {}).get("by_concurrency", {}).get(str(seqs), {}).get("tokens_per_s")
+        rl_runs = runs(parse_variants(a.variants), a.rlfleet_ref, tmp, stack) if a.only != "trl" else []
+        for name, extra, root in rl_runs:
+            out = tmp / f"rl_{len(results)}"
+            args = argv(out, d["steps"], extra)
+            if root == ROOT:  # a bad override fails here, before the run (another ref: its own check)
+                load(RLConfig, args)
+            res = run_variant(args, out, logs, name, root)
+            steps = range(len(res["per_step"]["step"]))
+            lengths = [[sum(r["loss_mask"]) for r in rollout_records(out, s)] for s in steps]
+            res |= length_summary(lengths, d["max_tokens"]) | {"overrides": extra, "checkout": str(root)}
+            res["busy"] = res["gen_tokens_per_s"] / peak if peak else None
+            # every token sampled (groups dropped as too stale, or left over at the end, too) / peak
+            res["busy_all"] = (res["all_gen_tokens_per_s"] or 0) / peak if peak else None
+            results[name] = res
+            save_partial(a.out, env, results)
+            print(name, {k: res.get(k) for k in COLS}, flush=True)
+        env["loadavg_between"] = os.getloadavg()
+        cfg_trl = load(RLConfig, argv(tmp / "trl_unused", trl_steps, []))
+        spec = trl_spec(cfg_trl, model, tmp, a.device, a.trl_vllm)
+        micro = min(TRL_MICRO[a.device], seqs)
+        spec["grpo"] |= {"per_device_train_batch_size": micro, "gradient_accumulation_steps": seqs // micro}
+        if a.only != "rlfleet":
+            # TRL's worker re-enters this file: vs_trl.run_trl runs vs_trl.py itself with --_trl-worker
+            res = run_trl(spec, tmp, logs / "trl.log")
+            res |= length_summary(res["per_step"]["lengths"], d["max_tokens"])
+            res["busy"] = res["gen_tokens_per_s"] / peak if peak else None
+            results["trl"] = res
+            save_partial(a.out, env, results)
+            print("trl", {k: res.get(k) for k in COLS}, flush=True)
+    if "trl" in results:
+        t = results["trl"]
+        results["ratio_rlfleet_over_trl"] = {
+            n: {k: r[k] / t[k] for k in ("gen_tokens_per_s", "steps_per_s")}
+            for n, r in results.items()
+            if n != "trl" and isinstance(r, dict) and "steps_per_s" in r
+        }
+    config = {
+        "device": a.device,
+        "shape": a.shape,
+        "model": tiny_config(**shape).to_dict(),
+        "job": job_dict,
+        "rlfleet_overrides": overrides,
+        "variants": a.variants,
+        "rlfleet_ref": a.rlfleet_ref,
+        "steps": d["steps"],
+        "trl_steps": trl_steps,
+        "trl_vllm": a.trl_vllm,
+        "trl_grpo_config": spec["grpo"],
+        "repeat_per": a.repeat_per,
+        "differs": DIFFERS,
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    doc = {"env": machine() | env | versions(), "config": config, "results": results}
+    Path(a.out).write_text(json.dumps(doc, indent=2, default=str))
+    runs_ = {n: r for n, r in results.items() if n != "ratio_rlfleet_over_trl"}
+    title = f"long tail: {a.shape} on {a.device}, {d['batch']}x{d['group']}, max_tokens {d['max_tokens']}"
+    table(
+        f"{title}, peak {peak and round(peak)} tok/s",
+        ["", *RUN_COLS.values()],
+        [[n, *(r.get(k) for k in RUN_COLS)] for n, r in runs_.items()],
+    )
+    table(
+        "completion lengths (tokens), all steps",
+        ["", *LEN_COLS.values()],
+        [[n, *(r.get(k) for k in LEN_COLS)] for n, r in runs_.items()],
+    )
+    for n, r in results.get("ratio_rlfleet_over_trl", {}).items():
+        print(f"{n} / TRL:", r)
+
+
+if __name__ == "__main__":
+    main()
