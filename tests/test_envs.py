@@ -46,6 +46,14 @@ def test_repeat_reward_is_the_fraction_of_matching_chars(completion, max_tokens,
     assert reward("a", completion, max_tokens) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(
+    ("completion", "expected"), [("aaXa", 0.75), ("aa", 1.0), ("", 0.0), ("aaXaaaaa", 0.875)]
+)
+def test_repeat_reward_per_completion_ignores_length(completion, expected):
+    """per="completion" (the long-tail benchmark's job): RL must not be paid to run to max_tokens."""
+    assert reward("a", completion, 4, per="completion") == pytest.approx(expected)
+
+
 def test_split_counts_follow_weights_and_sum_to_total():
     assert split_counts([1.0], 16) == [16]
     assert split_counts([3.0, 1.0], 16) == [12, 4]
