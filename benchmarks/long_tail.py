@@ -191,23 +191,43 @@ def prepare_model(tmp: Path, shape: dict[str, Any], max_model_len: int, max_toke
     return model, {"tuned": True, "target": rate} | json.loads(out)
 
 
-async def _burst(url: str, c: int, max_tokens: int, seed_ids: list[int]) -> int:
+# How the peak's requests are sent: as rlfleet's sampler sends a trajectory (one sequence a
+# request, the sampled token's logprob, ids), without the logprob, or a group as one request (n=8).
+# The engine's ceiling on a GPU is the serving path's per-request work (BENCHMARKS.md, long tail):
+# these tell its parts apart.
+PEAK_VARIANTS = {
+    "as_sent": {"n": 1, "logprobs": True},
+    "no_logprobs": {"n": 1, "logprobs": False},
+    "n8": {"n": 8, "logprobs": True},
+}
+
+
+async def _burst(
+    url: str, c: int, max_tokens: int, seed_ids: list[int], n: int = 1, logprobs: bool = True
+) -> int:
+    """C sequences at once (C/n requests of n), `ignore_eos`; the tokens they generated."""
     import httpx
 
     from rlfleet.inference.server import SERVED_NAME
 
-    body = {"model": SERVED_NAME, "prompt": seed_ids, "max_tokens": max_tokens, "temperature": 1.0}
-    body |= {"ignore_eos": True, "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True}
+    body = {"model": SERVED_NAME, "prompt": seed_ids, "max_tokens": max_tokens, "temperature": 1.0, "n": n}
+    body |= {"ignore_eos": True, "return_token_ids": True}
+    if logprobs:
+        body |= {"logprobs": 0, "return_tokens_as_token_ids": True}
     async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=None)) as client:
-        resps = await asyncio.gather(*(client.post(f"{url}/v1/completions", json=body) for _ in range(c)))
-    return sum(len(r.raise_for_status().json()["choices"][0]["token_ids"]) for r in resps)
+        resps = await asyncio.gather(
+            *(client.post(f"{url}/v1/completions", json=body) for _ in range(c // n))
+        )
+    return sum(len(ch["token_ids"]) for r in resps for ch in r.raise_for_status().json()["choices"])
 
 
-def engine_peak(cfg: Any, concurrency: list[int], max_tokens: int, reps: int = 2) -> dict[str, Any]:
+def engine_peak(
+    cfg: Any, concurrency: list[int], max_tokens: int, variants: list[str], reps: int = 2
+) -> dict[str, Any]:
     """One vLLM server started as rlfleet's flow starts it (placement, launch_replicas), then, for
-    each C, C requests at once (a few prompt ids, `ignore_eos`, max_tokens each, logprobs as the
-    sampler asks): generated tokens over the wall time of the burst, the best of `reps` bursts
-    after one warm-up burst."""
+    each C, C sequences at once (a few prompt ids, `ignore_eos`, max_tokens each, sent as the
+    sampler sends them): generated tokens over the wall time of the burst, the best of `reps`
+    bursts after one warm-up burst. Each other variant (PEAK_VARIANTS) runs at the first C only."""
     from rlfleet.config.placement import assign_gpus, gpu_defaults
     from rlfleet.inference.server import launch_replicas, stop_replicas
 
@@ -220,19 +240,21 @@ def engine_peak(cfg: Any, concurrency: list[int], max_tokens: int, reps: int = 2
         "max_tokens": max_tokens,
         "by_concurrency": {},
     }
+    runs = [("as_sent", c) for c in concurrency] + [(v, concurrency[0]) for v in variants if v != "as_sent"]
     try:
         url, seed_ids = replicas[0].url, [1, 70, 71, 72]  # BOS + "abc" in the tiny tokenizer
         asyncio.run(
             _burst(url, concurrency[0], max_tokens, seed_ids)
         )  # a fresh server's first bursts are slow
-        for c in concurrency:
+        for variant, c in runs:
             tries = []
             for _ in range(reps):
                 t = time.perf_counter()
-                tokens = asyncio.run(_burst(url, c, max_tokens, seed_ids))
+                tokens = asyncio.run(_burst(url, c, max_tokens, seed_ids, **PEAK_VARIANTS[variant]))
                 tries.append(tokens / (time.perf_counter() - t))
-            out["by_concurrency"][str(c)] = {"tokens": tokens, "tokens_per_s": max(tries), "tries": tries}
-            print(f"engine peak C={c}: {max(tries):.0f} tokens/s (best of {tries})", flush=True)
+            key = str(c) if variant == "as_sent" else f"{c}_{variant}"
+            out["by_concurrency"][key] = {"tokens": tokens, "tokens_per_s": max(tries), "tries": tries}
+            print(f"engine peak C={c} {variant}: {max(tries):.0f} tokens/s (best of {tries})", flush=True)
     finally:
         stop_replicas(replicas)
     return out
@@ -280,11 +302,18 @@ def main() -> None:
         "--peak-tokens", type=int, default=None, help="tokens per peak request (128 cpu, 512 cuda)"
     )
     ap.add_argument("--no-peak", action="store_true")
+    ap.add_argument(
+        "--peak-variants",
+        default="as_sent",
+        help=f"comma-separated, of {sorted(PEAK_VARIANTS)}: how the peak's requests are sent (as_sent: also at 2C)",
+    )
     ap.add_argument("--logs", help="keep every command's output in this directory")
     ap.add_argument("--out", required=True)
     a, overrides = ap.parse_known_args()
     if a.trl_vllm and a.device != "cuda":
         ap.error("--trl-vllm needs --device cuda")
+    if unknown := set(a.peak_variants.split(",")) - PEAK_VARIANTS.keys():
+        ap.error(f"--peak-variants: unknown {sorted(unknown)}; known: {sorted(PEAK_VARIANTS)}")
     a.shape = a.shape or ("05b" if a.device == "cuda" else "tiny")
     d = DEFAULTS[a.device] | ({"steps": a.steps} if a.steps else {})
     trl_steps = a.trl_steps or min(TRL_STEPS[a.device], d["steps"])
@@ -314,7 +343,7 @@ def main() -> None:
         seqs = d["batch"] * d["group"]
         if not a.no_peak and a.only != "trl":
             tokens = a.peak_tokens or PEAK_TOKENS[a.device]
-            env["engine_peak"] = engine_peak(cfg, [seqs, 2 * seqs], tokens)
+            env["engine_peak"] = engine_peak(cfg, [seqs, 2 * seqs], tokens, a.peak_variants.split(","))
             save_partial(a.out, env, results)
             for f in (tmp / "peak" / "logs").rglob("*.log"):
                 shutil.copy(f, logs / f"peak_{f.name}")

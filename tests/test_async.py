@@ -58,8 +58,11 @@ def test_batch_records_staleness_and_refuses_beyond_k(tmp_path):
 
 
 def _cfg(tmp_path, k: int) -> RLConfig:
+    """As the flow hands it to its tasks: placement's defaults filled (a CPU trainer here)."""
+    from rlfleet.config.placement import gpu_defaults
+
     args = ["--model.path", str(tmp_path / "model"), "--output-dir", str(tmp_path / "run")]
-    return load(RLConfig, [*args, "--orchestrator.max-async-level", str(k)])
+    return gpu_defaults(load(RLConfig, [*args, "--orchestrator.max-async-level", str(k)]), [], [])
 
 
 class _Taken:
