@@ -80,6 +80,7 @@ class _Taken:
 
 @pytest.mark.parametrize("k", [0, 1])
 def test_rollout_task_reuses_a_published_rollout_only_within_k(tmp_path, tiny_model, k):
+    from rlfleet.runs.handles import RunHandles
     from rlfleet.tasks.rl import rollout
 
     cfg = _cfg(tmp_path, k)
@@ -87,8 +88,9 @@ def test_rollout_task_reuses_a_published_rollout_only_within_k(tmp_path, tiny_mo
     store = RunStore(cfg.output_dir)
     publish_rollout(store, 3, {0: _records([1, 1])}, {"step": 3, "policy_step": 1})  # staleness 1
     build_batches(store, 3, 8, 0)
-    stream = _Taken(store)
-    out = rollout.fn(cfg, [], 3, stream)
+    run = RunHandles.for_run(cfg, [], [])  # starts nothing
+    run.stream = stream = _Taken(store)
+    out = rollout.fn(cfg, 3, run)
     if k == 1:  # within bound: reused, the stream is not asked
         assert out["policy_step"] == 1 and stream.asked == []
         assert store.manifest(step_dir("batches", 3))["policy_steps"] == [1]

@@ -6,7 +6,9 @@ The flow holds no tensors: tasks return manifests and the data moves through the
 rerun with the same output_dir resumes one step past the latest complete checkpoint.
 
 Sampling never waits for a step: the rollout stream (orchestrator/stream.py) keeps the replicas
-busy in a thread of this process and buffers finished groups in the run store. With
+busy in a thread of this process and buffers finished groups in the run store. The flow holds
+the run's processes (vLLM pool, trainer, stream) in one `RunHandles` (runs/handles.py), passes it
+to the tasks that act on them and stops them in its `finally`. With
 `orchestrator.max_async_level` = k > 0, rollout-N+1 is submitted as soon as rollout-N is done, so
 the trainer finds batch N+1 published when it finishes N; k = 0 takes each step's groups on the
 newest weights only.
@@ -30,11 +32,10 @@ from rlfleet.config.models import RLConfig
 from rlfleet.config.placement import gpu_defaults, split_cpus
 from rlfleet.flows.artifacts import publish_summary
 from rlfleet.flows.monitor import LiveArtifacts, recoveries
-from rlfleet.inference.pool import get_pool, shutdown_pool
 from rlfleet.orchestrator.rollout import load_tokenizer
-from rlfleet.orchestrator.stream import RolloutStream
 from rlfleet.report import WandbSink, step_progress, wandb_metrics, write_report
 from rlfleet.runs.configs import preflight, write_configs
+from rlfleet.runs.handles import RunHandles
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
 from rlfleet.runs.logs import sync_logs
 from rlfleet.runs.resume import discard_stale, resume_step
@@ -50,7 +51,6 @@ from rlfleet.tasks.rl import (
     train,
 )
 from rlfleet.tasks.storage import load_credentials_block
-from rlfleet.trainer.launch import stop_trainer
 from rlfleet.workers.leases import gpu_lease
 
 
@@ -103,42 +103,30 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
     live = LiveArtifacts(store, cfg.name, cfg.max_steps, start)
     ahead: dict[int, PrefectFuture] = {}  # rollouts of later steps
     steps: list[dict[str, Any]] = step_records(store)  # a resumed run's earlier steps stay on the curve
-    stream: RolloutStream | None = None
+    run = RunHandles.for_run(cfg, inf_gpus, train_gpus)  # starts nothing; the tasks below do
+    handles = quote(run)
     try:
-        served, after = start - 1, []  # the weight version the pool holds; what rollouts wait for
+        after: list[State] = []  # what the next rollout waits for
         if start < cfg.max_steps:
             # the trainer loads its model, and this process the tokenizer (10 s for the 32k-id
             # benchmark one), while vLLM starts: all are ready when step `start` begins
             # no timeout: a future runs in a worker thread, where Prefect cannot enforce one and
             # warns that it cannot; the task only starts the process and returns
             warm = start_trainer.with_options(**dict(retry_options(cfg), timeout_seconds=None)).submit(
-                quote(cfg), train_gpus
+                handles
             )
             threading.Thread(target=load_tokenizer, args=(cfg.model.path,), daemon=True).start()
             launched = launch_inference_pool.with_options(
                 **retry_options(cfg, cfg.inference.startup_timeout_s + 60)
-            )(quote(cfg), inf_gpus, start - 1, return_state=True)
-            served, after = launched.result()["step"], [edge(launched)]
-            pool = get_pool(cfg.inference_job(inf_gpus))
-            o = cfg.orchestrator
-            stream = RolloutStream(
-                o,
-                store,
-                cfg.model.path,
-                pool,
-                lambda: pool.policy_step,
-                cfg.seed,
-                cfg.inference.max_model_len,
-                start,
-            ).start()
+            )(quote(cfg), start - 1, handles, return_state=True)
+            launched.result()  # raises if the replicas did not start
+            after = [edge(launched)]
+            run.start_stream(cfg, store, start)
             warm.result()
         with step_progress("rl", "reward {task.fields[reward]}", "{task.fields[secs]}") as bar:
             job = bar.add_task("rl", total=cfg.max_steps, completed=start, reward="-", secs="")
             for step in range(start, cfg.max_steps):
-                assert stream is not None
-                record, metrics, served, after = _step(
-                    cfg, inf_gpus, train_gpus, step, start, stream, ahead, after
-                )
+                record, metrics, after = _step(cfg, step, start, run, ahead, after)
                 store.write_json(f"steps/step_{step}.json", record)
                 steps.append(record)
                 sink.log(step, wandb_metrics(record, metrics))
@@ -162,11 +150,9 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
                     secs=f"{record['step_seconds']:.1f}s/step",
                 )
     finally:
-        if stream is not None:
-            stream.stop()  # a rollout waiting for its groups fails fast
-        shutdown_pool(cfg.output_dir)
+        run.stop_sampling()  # the stream, then the pool: a rollout waiting for its groups fails fast
         wait(list(ahead.values()), timeout=60)
-        stop_trainer(cfg.output_dir)
+        run.stop_trainer()
         sync_logs(store)
         release_run_lock(store)
         live.publish(steps)  # also what a failing run got to
@@ -188,23 +174,21 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
 
 def _step(
     cfg: RLConfig,
-    inf_gpus: list[str],
-    train_gpus: list[str],
     step: int,
     start: int,
-    stream: RolloutStream,
+    run: RunHandles,
     ahead: dict[int, PrefectFuture],
     after: list[State],
-) -> tuple[dict[str, Any], dict[str, Any], int, list[State]]:
-    """One step; returns its record, the trainer's metrics, the weight version now served and the
-    states the next step's rollout waits for.
+) -> tuple[dict[str, Any], dict[str, Any], list[State]]:
+    """One step; returns its record, the trainer's metrics and the states the next step's rollout
+    waits for (the weight version now served is `run.served`).
 
-    The config goes to every task `quote`d: Prefect would otherwise link task inputs to earlier
-    results through objects inside it, and draw edges the step does not have. The real ones are
-    `wait_for`: rollout <- the previous broadcast (k = 0) or the previous rollout (k > 0),
-    train <- rollout, broadcast <- train."""
+    The config and the run's handles go to every task `quote`d: Prefect would otherwise hash them
+    and link task inputs to earlier results through objects inside them, drawing edges the step
+    does not have. The real ones are `wait_for`: rollout <- the previous broadcast (k = 0) or the
+    previous rollout (k > 0), train <- rollout, broadcast <- train."""
     s0 = time.perf_counter()
-    c, live = quote(cfg), quote(stream)
+    c, handles = quote(cfg), quote(run)
     opts = retry_options(cfg)
     # A resume discarded rollouts and batches after `start` and everything the trainer wrote from
     # `start` on: those must not come back from a retried run's cache.
@@ -216,26 +200,27 @@ def _step(
     if step in ahead:
         rolled = ahead.pop(step)
     else:  # k = 0, or the first step: called in the flow's thread
-        rolled = rollout.with_options(**kept)(c, inf_gpus, step, live, wait_for=after, return_state=True)
+        rolled = rollout.with_options(**kept)(c, step, handles, wait_for=after, return_state=True)
     roll = rolled.result()
     t = _lap(walls, "rollout", t)
     if cfg.orchestrator.max_async_level and step + 1 < cfg.max_steps:
         # the trainer takes batch N+1 as soon as it is done with N; a future runs in a worker
         # thread, where Prefect cannot enforce timeout_seconds (the stream's stall bound holds)
         later = dict(opts, refresh_cache=step + 1 > start, timeout_seconds=None)
-        ahead[step + 1] = rollout.with_options(**later).submit(c, inf_gpus, step + 1, live, wait_for=[rolled])
-    trained = train.with_options(**redo)(c, train_gpus, step, wait_for=[edge(rolled)], return_state=True)
+        ahead[step + 1] = rollout.with_options(**later).submit(c, step + 1, handles, wait_for=[rolled])
+    trained = train.with_options(**redo)(c, step, handles, wait_for=[edge(rolled)], return_state=True)
     metrics = trained.result()
     t = _lap(walls, "train", t)
     casted = broadcast_weights.with_options(**opts)(
-        c, inf_gpus, step, train_gpus, wait_for=[edge(trained)], return_state=True
+        c, step, handles, wait_for=[edge(trained)], return_state=True
     )
     cast = casted.result()
-    stream.notify()  # new weights: the groups the next steps need start now
+    assert run.stream is not None  # started before the first step
+    run.stream.notify()  # new weights: the groups the next steps need start now
     t = _lap(walls, "broadcast", t)
     evaluated = None
     if cfg.eval.interval and (step + 1) % cfg.eval.interval == 0:
-        evaluated = evaluate_policy.with_options(**redo)(c, inf_gpus, step, wait_for=[edge(casted)])
+        evaluated = evaluate_policy.with_options(**redo)(c, step, handles, wait_for=[edge(casted)])
         _lap(walls, "eval", t)
     record: dict[str, Any] = {
         "step": step,
@@ -264,7 +249,7 @@ def _step(
     }
     if evaluated is not None:
         record["eval"] = {e["env"]: {k: e[k] for k in ("mean_reward", "pass@1")} for e in evaluated["envs"]}
-    return record, metrics, cast["step"], [edge(casted)]
+    return record, metrics, [edge(casted)]
 
 
 def edge(dep: State | PrefectFuture) -> State | PrefectFuture:

@@ -1,7 +1,7 @@
 """The inference pool of a run: its replicas, the weight version they hold, and self-healing.
 
-One pool per output_dir lives in the controlling process across tasks (`get_pool`), so the
-`rollout` task can ask it for healthy URLs and a replica that died is relaunched directly from
+A run's pool lives in the controlling process across tasks (held by `rlfleet.runs.handles`), so
+the `rollout` task can ask it for healthy URLs and a replica that died is relaunched directly from
 the newest published weights.
 """
 
@@ -197,21 +197,3 @@ class InferencePool:
         with self.lock:
             stop_replicas(self.replicas)
             self.replicas = []
-
-
-_POOLS: dict[str, InferencePool] = {}
-
-
-def get_pool(cfg: InferenceJobConfig) -> InferencePool:
-    pool = _POOLS.get(cfg.output_dir)
-    if pool is None or pool.cfg != cfg:
-        if pool is not None:
-            pool.shutdown()
-        pool = _POOLS[cfg.output_dir] = InferencePool(cfg)
-    return pool
-
-
-def shutdown_pool(output_dir: str) -> None:
-    pool = _POOLS.pop(output_dir, None)
-    if pool is not None:
-        pool.shutdown()

@@ -7,10 +7,10 @@ from typing import Any
 from prefect import task
 
 from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig
-from rlfleet.inference.pool import get_pool
 from rlfleet.inference.server import launch_replicas, stop_replicas
 from rlfleet.orchestrator.evaluate import evaluate
 from rlfleet.orchestrator.sampler import FixedReplicas
+from rlfleet.runs.handles import RunHandles
 from rlfleet.store import CorruptArtifact, RunStore, run_store, step_dir
 from rlfleet.tasks.rl import step_key
 from rlfleet.trainer.files import checkpoint_model_path, latest_checkpoint
@@ -62,8 +62,7 @@ def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
 
 
 @task(name="evaluate_policy", task_run_name="evaluate_policy-{step}", cache_key_fn=step_key)
-def evaluate_policy(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
+def evaluate_policy(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
     """Evaluate the weights of `step` on the run's own servers (called right after their broadcast)."""
-    pool = get_pool(cfg.inference_job(gpu_ids))
-    result = evaluate(pool, cfg.model.path, cfg.eval, cfg.inference.max_model_len)
+    result = evaluate(run.pool, cfg.model.path, cfg.eval, cfg.inference.max_model_len)
     return eval_record(run_store(cfg.output_dir), step, result, "rl")

@@ -8,6 +8,9 @@ only the failed and later ones. Tasks that act on processes (launching the pool,
 trainer, broadcasting weights) are never cached: the processes die with the controller. `train`
 (re)starts the trainer too, so the flow always refreshes its cache entry (`refresh_cache=True`):
 it runs every time, and the trainer's `metrics/step_N.json` says whether step N is done.
+
+The run's processes (pool, trainer, rollout stream) come in as the flow's `RunHandles`, `quote`d
+so that Prefect neither hashes nor links it; `step_key` reads only the step.
 """
 
 from __future__ import annotations
@@ -23,14 +26,14 @@ from prefect.utilities.hashing import hash_objects
 from rlfleet.config.models import RLConfig
 from rlfleet.errors import is_transient
 from rlfleet.flows.monitor import recovered
-from rlfleet.inference.pool import InferencePool, get_pool
+from rlfleet.inference.pool import InferencePool
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import load_tokenizer, usable
-from rlfleet.orchestrator.stream import RolloutStream
+from rlfleet.runs.handles import RunHandles
 from rlfleet.store import RunStore, run_store, step_dir
 from rlfleet.tasks.storage import result_storage
 from rlfleet.trainer.files import is_checkpoint_step, latest_checkpoint
-from rlfleet.trainer.launch import TrainerProcess, get_trainer
+from rlfleet.trainer.launch import TrainerProcess
 from rlfleet.weights.tickets import live_ticket, ticket
 
 
@@ -82,9 +85,9 @@ def report_relaunches(cfg: RLConfig, pool: InferencePool) -> None:
 
 
 @task(name="launch_inference_pool", task_run_name="launch_inference_pool", cache_policy=NO_CACHE)
-def launch_inference_pool(cfg: RLConfig, gpu_ids: list[str], resume_from: int) -> dict[str, Any]:
+def launch_inference_pool(cfg: RLConfig, resume_from: int, run: RunHandles) -> dict[str, Any]:
     """Start (or health-check) the vLLM replicas; a resumed run loads its checkpointed weights."""
-    pool = get_pool(cfg.inference_job(gpu_ids))
+    pool = run.pool
     if resume_from >= 0 and pool.policy_step != resume_from:
         out = pool.broadcast(ticket(_store(cfg), resume_from, "filesystem"))
     else:
@@ -95,20 +98,21 @@ def launch_inference_pool(cfg: RLConfig, gpu_ids: list[str], resume_from: int) -
 
 
 @task(name="rollout", task_run_name="rollout-{step}", cache_key_fn=step_key)
-def rollout(cfg: RLConfig, gpu_ids: list[str], step: int, stream: RolloutStream) -> dict[str, Any]:
+def rollout(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
     """Take step N's groups from the rollout stream (published as `rollouts/step_N`) and publish
     its batches (`batches` in the result). A published rollout is reused while its weights are
     within `max_async_level` of N-1, else taken again (and its stale batches dropped)."""
     store = _store(cfg)
     existing = store.manifest(step_dir("rollouts", step))
-    pool = get_pool(cfg.inference_job(gpu_ids))
+    pool = run.pool
     if existing is not None:
         if usable(step, existing["policy_step"], cfg.orchestrator.max_async_level):
             pool.sleep()  # inference.sleep: the trainer gets the GPU until the next broadcast
             return brief(existing) | {"batches": aggregate(cfg, step)}
         store.remove(step_dir("batches", step))
         store.remove(step_dir("rollouts", step))
-    out = brief(stream.take(step))
+    assert run.stream is not None, "the flow starts the rollout stream before the first rollout"
+    out = brief(run.stream.take(step))
     if out["reward_errors"]:  # contained user code, but the user must see it in the run's log
         get_run_logger().warning(
             "rollout %d: %d of %d samples failed to score and got reward 0; first: %s",
@@ -152,16 +156,11 @@ def aggregate(cfg: RLConfig, step: int) -> dict[str, Any]:
     )
 
 
-def _trainer(cfg: RLConfig, gpu_ids: list[str]) -> TrainerProcess:
-    external = cfg.deployment.type == "multi_node"  # ranks started by the SLURM job on its train nodes
-    return get_trainer(cfg.trainer_job(gpu_ids), _store(cfg).local_dir / "configs" / "trainer.toml", external)
-
-
-def _running_trainer(cfg: RLConfig, gpu_ids: list[str], step: int, replay_until: int) -> TrainerProcess:
+def _running_trainer(cfg: RLConfig, run: RunHandles, step: int, replay_until: int) -> TrainerProcess:
     """The run's trainer, relaunched if it died (a recovery the user sees): the new one resumes
     from the latest checkpoint and replays the steps after it, up to `replay_until` (exclusive)."""
     store = _store(cfg)
-    trainer = _trainer(cfg, gpu_ids)
+    trainer = run.trainer
     if (exit_code := trainer.ensure()) is not None:
         ckpt = latest_checkpoint(store)
         resume = -1 if ckpt is None else ckpt["step"]
@@ -181,19 +180,19 @@ def _running_trainer(cfg: RLConfig, gpu_ids: list[str], step: int, replay_until:
 
 
 @task(name="start_trainer", task_run_name="start_trainer", cache_policy=NO_CACHE)
-def start_trainer(cfg: RLConfig, gpu_ids: list[str]) -> dict[str, Any]:
+def start_trainer(run: RunHandles) -> dict[str, Any]:
     """Start the trainer while vLLM starts, so it has loaded its model when the first batch comes."""
-    trainer = _trainer(cfg, gpu_ids)
+    trainer = run.trainer
     trainer.ensure()
     return {"pid": trainer.process.pid if trainer.process else None}
 
 
 @task(name="train", task_run_name="train-{step}", cache_key_fn=step_key)
-def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
+def train(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
     """Make sure the long-lived trainer runs, then wait for it to finish step N (or die); on a
     checkpoint step, check its checkpoint (`checkpoint` in the result)."""
     store = _store(cfg)
-    trainer = _running_trainer(cfg, gpu_ids, step, step)
+    trainer = _running_trainer(cfg, run, step, step)
     metrics = trainer.wait_step(store, step, cfg.tasks.step_timeout_s)
     get_run_logger().info(  # on the task's page: the step's numbers and where the process logs are
         "loss %.4f grad_norm %.3f clip_frac %.3f mismatch_kl %.2e in %.2f s; trainer log: %s",
@@ -208,19 +207,17 @@ def train(cfg: RLConfig, gpu_ids: list[str], step: int) -> dict[str, Any]:
 
 
 @task(name="broadcast_weights", task_run_name="broadcast_weights-{step}", cache_policy=NO_CACHE)
-def broadcast_weights(
-    cfg: RLConfig, gpu_ids: list[str], step: int, trainer_gpus: list[str]
-) -> dict[str, Any]:
+def broadcast_weights(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
     """Find step N's weights for the run's transport (filesystem: check and stage the newest
     published snapshot; local ones were hashed by the trainer, so sizes are checked, not sha256),
     then pause -> load -> resume every replica. nccl weights are sent by the trainer that wrote
     the ticket: if it died (killed mid-send, say), it is relaunched here and its replay of step N
     writes a ticket this waits for."""
-    pool = get_pool(cfg.inference_job(gpu_ids))
+    pool = run.pool
     t0 = time.perf_counter()
     store = _store(cfg)
     if cfg.weights.transport == "nccl":
-        trainer = _running_trainer(cfg, trainer_gpus, step, step + 1)  # it redoes step N too
+        trainer = _running_trainer(cfg, run, step, step + 1)  # it redoes step N too
         weights = live_ticket(store, step, lambda: trainer.failure(store, step), cfg.tasks.step_timeout_s)
     else:
         weights = ticket(store, step, cfg.weights.transport)

@@ -150,22 +150,3 @@ class ExternalTrainer(TrainerProcess):
             f"trainer on the train nodes failed: {error['type']} at step {error['step']}: {error['message']}"
         )
         return DeterministicError(msg) if error["deterministic"] else TrainerDied(msg)
-
-
-_TRAINERS: dict[str, TrainerProcess] = {}
-
-
-def get_trainer(cfg: TrainerJobConfig, config_path: Path, external: bool = False) -> TrainerProcess:
-    """The run's trainer; `external` for a multi-node job's (started by the sbatch script)."""
-    t = _TRAINERS.get(cfg.output_dir)
-    if t is None or t.cfg != cfg or isinstance(t, ExternalTrainer) != external:
-        if t is not None:
-            t.stop()
-        t = _TRAINERS[cfg.output_dir] = (ExternalTrainer if external else TrainerProcess)(cfg, config_path)
-    return t
-
-
-def stop_trainer(output_dir: str) -> None:
-    t = _TRAINERS.pop(output_dir, None)
-    if t is not None:
-        t.stop()
