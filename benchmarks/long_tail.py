@@ -267,13 +267,40 @@ def save_partial(out: str, env: dict[str, Any], results: dict[str, Any]) -> None
     path.write_text(json.dumps({"env": env, "results": results}, indent=2, default=str))
 
 
-def job_toml(a: argparse.Namespace, d: dict[str, Any], model: Path, path: Path) -> Path:
+def run_config(
+    a: argparse.Namespace, shape: dict[str, Any], job: dict[str, Any], overrides: list[str], steps: int
+) -> dict[str, Any]:
+    """What both jobs (this one and slow_tools.py) record of how they ran."""
+    from rlfleet.trainer.tiny import tiny_config
+
+    return {
+        "device": a.device,
+        "shape": a.shape,
+        "model": tiny_config(**shape).to_dict(),
+        "job": job,
+        "rlfleet_overrides": overrides,
+        "variants": a.variants,
+        "rlfleet_ref": a.rlfleet_ref,
+        "steps": steps,
+    }
+
+
+def write_doc(out: str, env: dict[str, Any], config: dict[str, Any], results: dict[str, Any]) -> None:
+    from common import machine
+
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    doc = {"env": machine() | env | versions(), "config": config, "results": results}
+    Path(out).write_text(json.dumps(doc, indent=2, default=str))
+
+
+def write_job(
+    a: argparse.Namespace, d: dict[str, Any], model: Path, envs: list[dict[str, Any]], path: Path
+) -> Path:
+    """The rl TOML both jobs run (this one and slow_tools.py): `d`'s shape, `envs` as the tasks."""
     import tomli_w
 
     o = {"batch_size": d["batch"], "group_size": d["group"], "max_tokens": d["max_tokens"]}
-    o |= {"micro_batch_size": d["micro"], "seq_len": d["seq_len"], "temperature": 1.0}
-    # per left out at its default, so that a --rlfleet-ref older than RepeatArgs.per loads the job
-    o["env"] = [{"type": "repeat", "args": {"per": a.repeat_per} if a.repeat_per != "max_tokens" else {}}]
+    o |= {"micro_batch_size": d["micro"], "seq_len": d["seq_len"], "temperature": 1.0, "env": envs}
     job = {"max_steps": d["steps"], "seed": 0, "model": {"path": str(model)}, "orchestrator": o}
     job |= {"trainer": {"lr": d["lr"], "checkpoint_interval": 1000}, "wandb": {"mode": "disabled"}}
     job["inference"] = {"max_model_len": d["max_model_len"]}
@@ -282,6 +309,12 @@ def job_toml(a: argparse.Namespace, d: dict[str, Any], model: Path, path: Path) 
         job["deployment"] = {"num_inference_gpus": 1, "num_train_gpus": 1}
     path.write_text(tomli_w.dumps(job))
     return path
+
+
+def job_toml(a: argparse.Namespace, d: dict[str, Any], model: Path, path: Path) -> Path:
+    # per left out at its default, so that a --rlfleet-ref older than RepeatArgs.per loads the job
+    args = {"per": a.repeat_per} if a.repeat_per != "max_tokens" else {}
+    return write_job(a, d, model, [{"type": "repeat", "args": args}], path)
 
 
 def main() -> None:
@@ -318,11 +351,10 @@ def main() -> None:
     d = DEFAULTS[a.device] | ({"steps": a.steps} if a.steps else {})
     trl_steps = a.trl_steps or min(TRL_STEPS[a.device], d["steps"])
 
-    from common import free_port, machine, table
+    from common import free_port, table
 
     from rlfleet.config.loader import load
     from rlfleet.config.models import RLConfig
-    from rlfleet.trainer.tiny import tiny_config
 
     shape = SHAPES[a.shape] | ({"dtype": "bfloat16"} if a.device == "cuda" else {})
     env: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
@@ -384,24 +416,14 @@ def main() -> None:
             for n, r in results.items()
             if n != "trl" and isinstance(r, dict) and "steps_per_s" in r
         }
-    config = {
-        "device": a.device,
-        "shape": a.shape,
-        "model": tiny_config(**shape).to_dict(),
-        "job": job_dict,
-        "rlfleet_overrides": overrides,
-        "variants": a.variants,
-        "rlfleet_ref": a.rlfleet_ref,
-        "steps": d["steps"],
+    config = run_config(a, shape, job_dict, overrides, d["steps"]) | {
         "trl_steps": trl_steps,
         "trl_vllm": a.trl_vllm,
         "trl_grpo_config": spec["grpo"],
         "repeat_per": a.repeat_per,
         "differs": DIFFERS,
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    doc = {"env": machine() | env | versions(), "config": config, "results": results}
-    Path(a.out).write_text(json.dumps(doc, indent=2, default=str))
+    write_doc(a.out, env, config, results)
     runs_ = {n: r for n, r in results.items() if n != "ratio_rlfleet_over_trl"}
     title = f"long tail: {a.shape} on {a.device}, {d['batch']}x{d['group']}, max_tokens {d['max_tokens']}"
     table(

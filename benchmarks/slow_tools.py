@@ -35,8 +35,17 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from long_tail import parse_variants, prepare_model, rollout_records, run_variant, runs
-from vs_trl import ROOT, SHAPES, versions
+from long_tail import (
+    parse_variants,
+    prepare_model,
+    rollout_records,
+    run_config,
+    run_variant,
+    runs,
+    write_doc,
+    write_job,
+)
+from vs_trl import ROOT, SHAPES
 from workloads.slow_tool import draw
 
 WORKLOADS = ROOT / "benchmarks" / "workloads"
@@ -72,27 +81,10 @@ def dataset(path: Path, rows: int, seed: int = 0) -> Path:
 
 
 def job_toml(a: argparse.Namespace, d: dict[str, Any], model: Path, data: Path, path: Path) -> Path:
-    import tomli_w
-
     args = {"dataset": str(data), "prompt_column": "prompt", "answer_column": "answer", "chat": True}
     args |= {"rewards": [f"{WORKLOADS / 'letters_reward.py'}:letter_share"], "max_turns": MAX_TURNS}
     args |= {"env_response": f"{WORKLOADS / 'slow_tool.py'}:reply", "tool_timeout_s": 30.0}
-    o = {
-        "batch_size": d["batch"],
-        "group_size": d["group"],
-        "max_tokens": d["max_tokens"],
-        "temperature": 1.0,
-    }
-    o |= {"micro_batch_size": d["micro"], "seq_len": d["seq_len"]}
-    o["env"] = [{"name": "slow_tools", "type": "python", "args": args}]
-    job = {"max_steps": d["steps"], "seed": 0, "model": {"path": str(model)}, "orchestrator": o}
-    job |= {"trainer": {"lr": d["lr"], "checkpoint_interval": 1000}, "wandb": {"mode": "disabled"}}
-    job["inference"] = {"max_model_len": d["max_model_len"]}
-    if a.device == "cuda":
-        job["model"]["dtype"] = "bfloat16"
-        job["deployment"] = {"num_inference_gpus": 1, "num_train_gpus": 1}
-    path.write_text(tomli_w.dumps(job))
-    return path
+    return write_job(a, d, model, [{"name": "slow_tools", "type": "python", "args": args}], path)
 
 
 def reply_calls(rec: dict[str, Any]) -> list[tuple[int, str, float]]:
@@ -158,11 +150,10 @@ def main() -> None:
     a.shape = a.shape or ("05b" if a.device == "cuda" else "tiny")
     d = DEFAULTS[a.device] | ({"steps": a.steps} if a.steps else {})
 
-    from common import free_port, machine, table
+    from common import free_port, table
 
     from rlfleet.config.loader import load
     from rlfleet.config.models import RLConfig
-    from rlfleet.trainer.tiny import tiny_config
 
     shape = SHAPES[a.shape] | ({"dtype": "bfloat16"} if a.device == "cuda" else {})
     env: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
@@ -190,21 +181,11 @@ def main() -> None:
             results[name] = res
             print(name, {k: res.get(k) for k in COLS}, flush=True)
     results["trl"] = {"ran": False, "why": TRL_WHY}
-    config = {
-        "device": a.device,
-        "shape": a.shape,
-        "model": tiny_config(**shape).to_dict(),
-        "job": job_dict,
-        "rlfleet_overrides": overrides,
-        "variants": a.variants,
-        "rlfleet_ref": a.rlfleet_ref,
-        "steps": d["steps"],
+    config = run_config(a, shape, job_dict, overrides, d["steps"]) | {
         "max_turns": MAX_TURNS,
         "env_reply": "uniform(0.05, 2.0) s, stop with p=0.25 (benchmarks/workloads/slow_tool.py)",
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    doc = {"env": machine() | env | versions(), "config": config, "results": results}
-    Path(a.out).write_text(json.dumps(doc, indent=2, default=str))
+    write_doc(a.out, env, config, results)
     runs_ = {n: r for n, r in results.items() if n != "trl"}
     title = f"slow tools: {a.shape} on {a.device}, {d['batch']}x{d['group']}, {MAX_TURNS} turns x {d['max_tokens']}"
     table(title, ["", *RUN_COLS.values()], [[n, *(r.get(k) for k in RUN_COLS)] for n, r in runs_.items()])
