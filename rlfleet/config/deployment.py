@@ -66,7 +66,8 @@ class SlurmConfig(Strict):
     qos: str | None = None
     time: str = Field("01:00:00", description="sbatch --time: MM, HH:MM:SS, D-HH[:MM[:SS]].")
     template_path: str | None = Field(
-        None, description="A custom Jinja2 sbatch template; default: deployments/templates/rlfleet.sbatch.j2."
+        None,
+        description="A custom Jinja2 sbatch template; default: rlfleet/deployments/templates/rlfleet.sbatch.j2 (packaged).",
     )
     dry_run: bool = Field(False, description="Write the script and configs, do not submit.")
     extra_directives: list[str] = Field(

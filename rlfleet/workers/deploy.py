@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from rlfleet.config.placement import visible_gpus
+from rlfleet.deployments import PREFECT_FILE
 from rlfleet.workers.leases import ensure_gpu_limits
 
 POOL = "rlfleet-local"
-PREFECT_FILE = "deployments/prefect.yaml"
 
 
 def prefect_cli(
@@ -49,19 +49,49 @@ def create_pool(pool: str, pool_type: str) -> None:
         )
 
 
-def deploy(root: Path, pool: str = POOL, prefect_file: str = PREFECT_FILE, pool_type: str = "process") -> str:
+def deploy(
+    root: Path, pool: str = POOL, prefect_file: Path = PREFECT_FILE, pool_type: str = "process"
+) -> str:
     """Create (or update) everything a worker on `pool` needs to run rlfleet's flows.
 
-    `root` is the repository checkout the worker runs flows from: parameters' relative paths
-    (models/tiny, outputs/...) resolve against it.
+    `root` is the directory the worker runs flows in (any directory: the flows are imported from
+    the installed rlfleet): parameters' relative paths (models/tiny, outputs/...) resolve against it.
+    `prefect_file` defaults to the deployments shipped in the package.
     """
-    root = root.resolve()
-    if not (root / prefect_file).is_file():
+    root = root.expanduser().resolve()
+    if not root.is_dir():
         raise FileNotFoundError(
-            f"{root / prefect_file} not found: run `rlfleet deploy` from the rlfleet checkout"
+            f"--root {root}: not a directory; pass the directory flow runs work in "
+            "(relative paths in parameters, e.g. models/tiny, resolve against it)"
         )
+    prefect_file = Path(prefect_file).resolve()
+    if not prefect_file.is_file():
+        raise FileNotFoundError(f"{prefect_file} not found: the rlfleet install is incomplete (reinstall it)")
     create_pool(pool, pool_type)
     limits = ensure_gpu_limits(visible_gpus())
     env = {**os.environ, "RLFLEET_ROOT": str(root), "RLFLEET_POOL": pool}
-    out = prefect_cli("deploy", "--all", "--prefect-file", prefect_file, env=env, cwd=root)
-    return f"{pool_type} work pool {pool}; GPU limits {limits or 'none (no GPU visible)'}\n{out}"
+    out = prefect_cli("deploy", "--all", "--prefect-file", str(prefect_file), env=env, cwd=root)
+    notes = "".join(f"\nnote: {m}" for m in missing_inputs(root, prefect_file))
+    return f"{pool_type} work pool {pool}; GPU limits {limits or 'none (no GPU visible)'}\n{out}{notes}"
+
+
+def missing_inputs(root: Path, prefect_file: Path) -> list[str]:
+    """The files the deployments' default parameters name that `root` lacks: their runs need them,
+    or a `--param config=...` that names others (deploying does not)."""
+    import yaml  # prefect's dependency
+
+    spec = yaml.safe_load(prefect_file.read_text())
+    needs: dict[str, list[str]] = {}
+    for d in spec.get("deployments", []):
+        params = d.get("parameters", {})
+        cfg = params.get("config") or params.get("base") or {}
+        for path in (cfg.get("model", {}).get("path"), cfg.get("data", {}).get("path")):
+            if path and not Path(path).is_absolute() and not (root / path).exists():
+                flow = d["entrypoint"].rsplit(".", 1)[-1].removesuffix("_flow")
+                needs.setdefault(path, []).append(f"{flow}/{d['name']}")
+    hint = {"models/tiny": " (make it: `rlfleet model tiny --out models/tiny` in that directory)"}
+    return [
+        f"{root / p} does not exist; the default parameters of {', '.join(users)} name it"
+        f"{hint.get(p, '')}; or run them with `--param config=...` naming your own"
+        for p, users in needs.items()
+    ]
