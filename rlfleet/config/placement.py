@@ -59,13 +59,10 @@ def gpu_defaults(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[st
         update["gpu_memory_utilization"] = 0.45
     d = cfg.deployment
     packed = bool(trainer_gpus) or (d.type == "multi_node" and d.gpus_per_node > 0)
+    seq_len, micro = (max(i.max_model_len, PACKED_ROW_TOKENS), 1) if packed else (0, 32)
     shape = {
-        "seq_len": o.seq_len
-        if o.seq_len is not None
-        else max(i.max_model_len, PACKED_ROW_TOKENS)
-        if packed
-        else 0,
-        "micro_batch_size": o.micro_batch_size or (1 if packed else 32),
+        "seq_len": seq_len if o.seq_len is None else o.seq_len,
+        "micro_batch_size": micro if o.micro_batch_size is None else o.micro_batch_size,
     }
     return cfg.model_copy(
         update={"inference": i.model_copy(update=update), "orchestrator": o.model_copy(update=shape)}
