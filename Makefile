@@ -19,7 +19,7 @@ NOT_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 # $(call uv_install,EXTRAS): the checkout, editable, with those extras; then what breaks it goes.
 # Every target that installs extras goes through here, so none brings those packages back.
 define uv_install
-$(UV) pip install -q --python $(PY) $(FIND_LINKS) -e ".[$(1)]"
+$(UV) pip install -q --compile-bytecode --python $(PY) $(FIND_LINKS) -e ".[$(1)]"
 $(UV) pip uninstall -q --python $(PY) $(NOT_BESIDE_CPU_TORCH)
 endef
 

@@ -54,7 +54,7 @@ def _submit(command: str, cfg) -> int:
 
 def _rl(argv: Sequence[str]) -> int:
     from rlfleet.config.models import RLConfig
-    from rlfleet.runs.configs import preflight
+    from rlfleet.runs.handles import vllm_started_early
 
     cfg = load(RLConfig, _dry_run(argv))
     if cfg.slurm is not None:
@@ -63,10 +63,10 @@ def _rl(argv: Sequence[str]) -> int:
         from rlfleet.tasks.storage import load_credentials_block
 
         load_credentials_block()
-    preflight(cfg)  # fail in a second, before Prefect and vLLM take a minute to start
-    from rlfleet.flows.rl import rl
+    with vllm_started_early(cfg):  # preflight: fails in a second, before vLLM or Prefect start
+        from rlfleet.flows.rl import rl
 
-    summary = rl(config=cfg)
+        summary = rl(config=cfg)
     print(json.dumps({k: v for k, v in summary.items() if k != "steps"}, indent=2))
     return 0
 

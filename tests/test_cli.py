@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.cli import main
+from rlfleet.config.loader import load
 
 
 @pytest.fixture
@@ -241,3 +242,27 @@ def test_the_rl_flow_module_leaves_torch_and_transformers_for_later():
     code = "import sys, rlfleet.flows.rl; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_vllm_started_early_stops_what_no_flow_adopted(base, tmp_path):
+    """`rlfleet rl` starts a CPU run's vLLM before the flow (runs/handles.py); if the flow never
+    takes it (it failed first, or resolved another inference config), leaving the `with` stops
+    it and frees the run's lock."""
+    from rlfleet.config.models import RLConfig
+    from rlfleet.runs.handles import _EARLY, RunHandles, vllm_started_early
+
+    from tests.conftest import free_port
+
+    cfg = load(RLConfig, [*base, "--inference.port", str(free_port())])
+    with vllm_started_early(cfg):
+        (replica,) = _EARLY[cfg.output_dir].replicas
+        assert replica.process.alive()
+        assert (tmp_path / "out/run/controller.pid").exists()
+    assert not replica.process.alive() and not _EARLY
+    assert not (tmp_path / "out/run/controller.pid").exists()
+
+    with vllm_started_early(cfg):
+        early = _EARLY[cfg.output_dir]
+        other = cfg.model_copy(update={"inference": cfg.inference.model_copy(update={"max_model_len": 64})})
+        assert RunHandles.for_run(other, [], []).pool is not early
+        assert early.closed and not early.replicas and not _EARLY

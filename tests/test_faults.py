@@ -275,6 +275,9 @@ def test_controller_killed_leaves_no_orphans_and_rerun_resumes(tiny_model, prefe
         time.sleep(0.05)
     leaders = [pid_alive(p) for p in (out / "run").glob("*.pid") if p.name != "controller.pid"]
     assert len([p for p in leaders if p]) == 2, "trainer and one vLLM replica"
+    # `rlfleet rl` started vLLM before the flow, and the flow served from that replica: one start
+    replica_log = (out / "logs/inference/replica_0.log").read_text()
+    assert replica_log.count("Starting vLLM server on") == 1, replica_log[-3000:]
     tree = [psutil.Process(p) for p in leaders if p]
     tree += [c for p in tree for c in p.children(recursive=True)]
     proc.kill()

@@ -29,12 +29,11 @@ from prefect.utilities.annotations import quote
 
 from rlfleet.config.envs import env_name
 from rlfleet.config.models import RLConfig
-from rlfleet.config.placement import gpu_defaults, split_cpus
 from rlfleet.flows.artifacts import publish_summary
 from rlfleet.flows.monitor import LiveArtifacts, recoveries
 from rlfleet.orchestrator.rollout import load_tokenizer
 from rlfleet.report import WandbSink, step_progress, wandb_metrics, write_report
-from rlfleet.runs.configs import preflight, write_configs
+from rlfleet.runs.configs import resolve, write_configs
 from rlfleet.runs.handles import RunHandles
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
 from rlfleet.runs.logs import sync_logs
@@ -57,11 +56,9 @@ from rlfleet.workers.leases import gpu_lease
 @flow(name="rl", flow_run_name="{config.name}", log_prints=True)
 def rl(config: RLConfig) -> State:
     """One RL run; `config` is the resolved RLConfig (the deployment's parameter)."""
-    cfg = split_cpus(config)  # async on a CPU box: vLLM and the trainer on separate cores
     t0 = time.perf_counter()
     load_credentials_block()  # S3 credentials from $RLFLEET_S3_CREDENTIALS_BLOCK, if it is set
-    inf_gpus, train_gpus = preflight(cfg)
-    cfg = gpu_defaults(cfg, inf_gpus, train_gpus)
+    cfg, inf_gpus, train_gpus = resolve(config)
     tag_run(cfg)
     with gpu_lease(inf_gpus + train_gpus):
         summary = _run(cfg, inf_gpus, train_gpus, t0)

@@ -17,7 +17,14 @@ import httpx
 
 from rlfleet.config.models import InferenceJobConfig
 from rlfleet.errors import DeterministicError, TransientError
-from rlfleet.inference.server import Replica, healthy, launch_replicas, stop_replicas
+from rlfleet.inference.server import (
+    Replica,
+    healthy,
+    launch_replicas,
+    start_replicas,
+    stop_replicas,
+    wait_ready,
+)
 from rlfleet.net import tls
 from rlfleet.procs import wait_until
 from rlfleet.store import run_store
@@ -36,6 +43,7 @@ class InferencePool:
         self.weights_path: str | None = None
         self.ticket: dict[str, Any] | None = None  # the last weights they loaded, any transport
         self.closed = False  # after shutdown nothing relaunches (a rollout still in flight must not)
+        self.starting = False  # `start` ran: the replicas' processes are up, not yet waited for
         self.external_ready = False  # external replicas (inference.urls) were healthy once
         self.dropped: set[str] = set()  # external replicas that stopped answering
         self.asleep = False  # inference.sleep: weights and KV cache freed while the trainer steps
@@ -60,6 +68,13 @@ class InferencePool:
         with self.lock:
             return self._ensure()
 
+    def start(self) -> None:
+        """Start the replicas' processes without waiting for them: the first `ensure` waits."""
+        with self.lock:
+            if not self.cfg.inference.urls and not self.replicas:
+                self.replicas = start_replicas(self.cfg, self.weights_path)
+                self.starting = True
+
     def _ensure(self) -> list[str]:
         """Launch missing or dead replicas (with the current weights) and return all URLs.
 
@@ -72,6 +87,13 @@ class InferencePool:
             raise DeterministicError("the inference pool was shut down")
         if self.cfg.inference.urls:
             return self._external()
+        if self.starting:
+            self.starting = False
+            try:
+                wait_ready(self.cfg, self.replicas)
+            except BaseException:
+                self.replicas = []  # stopped by wait_ready
+                raise
         dead = [r for r in self.replicas if not (r.process.alive() and healthy(r.url))]
         if dead or not self.replicas:
             self.relaunched += [

@@ -31,6 +31,7 @@ class Replica:
     index: int
     url: str
     process: ManagedProcess
+    t0: float = 0.0  # time.monotonic() when its process started
     started: str = ""  # start time and vLLM's KV cache line, once healthy
 
 
@@ -100,7 +101,12 @@ def healthy(url: str) -> bool:
 
 
 def launch_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> list[Replica]:
-    """Start every replica, then wait for all of them; a replica that exits fails fast with its log."""
+    """Start every replica and wait until all serve."""
+    return wait_ready(cfg, start_replicas(cfg, model_path))
+
+
+def start_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> list[Replica]:
+    """Start every replica's process and return at once; `wait_ready` waits for them."""
     i = cfg.inference
     out = local_dir(cfg.output_dir)  # logs and pidfiles stay on this machine
     replicas = []
@@ -114,13 +120,19 @@ def launch_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> l
             pidfile=out / "run" / f"inference_{idx}.pid",
             env=replica_env(cfg, r),
         ).start()
-        replicas.append(Replica(idx, f"http://{i.host}:{port}", proc))
-    t0 = time.monotonic()
+        replicas.append(Replica(idx, f"http://{i.host}:{port}", proc, t0=time.monotonic()))
+    return replicas
+
+
+def wait_ready(cfg: InferenceJobConfig, replicas: list[Replica]) -> list[Replica]:
+    """Wait for every started replica (GPU: warmed up too); one that exits fails fast with its
+    log, and then all are stopped."""
+    i = cfg.inference
     try:
         for rep in replicas:
             wait_until(
                 lambda rep=rep: healthy(rep.url),
-                i.startup_timeout_s,
+                max(i.startup_timeout_s - (time.monotonic() - rep.t0), 1.0),
                 what=f"vLLM replica {rep.index} at {rep.url}",
                 abort=lambda rep=rep: (
                     None
@@ -137,8 +149,8 @@ def launch_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> l
         raise
     for rep in replicas:
         rep.started = (
-            f"vLLM replica {rep.index} at {rep.url} ready in {time.monotonic() - t0:.0f} s; {kv_cache(rep)}; "
-            f"log: {rep.process.log_path}"
+            f"vLLM replica {rep.index} at {rep.url} ready in {time.monotonic() - rep.t0:.0f} s; "
+            f"{kv_cache(rep)}; log: {rep.process.log_path}"
         )
         log.info(rep.started)
     return replicas

@@ -6,7 +6,7 @@ from rlfleet.config.checks import check_model, check_output_dir, check_ports, ra
 from rlfleet.config.deployment import slurm_missing
 from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.models import RLConfig
-from rlfleet.config.placement import assign_gpus
+from rlfleet.config.placement import assign_gpus, gpu_defaults, split_cpus
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.store import run_store
 
@@ -59,3 +59,11 @@ def preflight(cfg: RLConfig) -> tuple[list[str], list[str]]:
             )
     raise_if(problems)
     return gpus
+
+
+def resolve(config: RLConfig) -> tuple[RLConfig, list[str], list[str]]:
+    """The config a run executes (cores split, placement defaults filled) after its preflight, and
+    its (inference GPUs, trainer GPUs): what the flow runs and what `RunHandles.start_early` starts."""
+    cfg = split_cpus(config)  # async on a CPU box: vLLM and the trainer on separate cores
+    inf_gpus, train_gpus = preflight(cfg)
+    return gpu_defaults(cfg, inf_gpus, train_gpus), inf_gpus, train_gpus

@@ -4,15 +4,26 @@ The flow creates a `RunHandles` per flow run, passes it to every task that acts 
 the trainer or the rollout stream, and stops them in its `finally`. Nothing else holds them: a
 second run in the same process (a test, a flow run retried from the UI) gets its own, and a task
 that runs after the close finds a shut pool that relaunches nothing.
+
+`rlfleet rl` starts a CPU run's vLLM replicas before Prefect's temporary server and the flow
+(`vllm_started_early`); the flow's `RunHandles` adopts them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from rlfleet.config.models import RLConfig
 from rlfleet.inference.pool import InferencePool
 from rlfleet.orchestrator.stream import RolloutStream
+from rlfleet.runs.configs import resolve
+from rlfleet.runs.lock import acquire_run_lock, release_run_lock
 from rlfleet.store import RunStore, run_store
 from rlfleet.trainer.launch import ExternalTrainer, TrainerProcess
+
+# output_dir -> the pool `vllm_started_early` started for that run, until its flow adopts it
+_EARLY: dict[str, InferencePool] = {}
 
 
 class RunHandles:
@@ -30,9 +41,12 @@ class RunHandles:
         launched."""
         config_path = run_store(cfg.output_dir).local_dir / "configs" / "trainer.toml"
         kind = ExternalTrainer if cfg.deployment.type == "multi_node" else TrainerProcess
-        return cls(
-            InferencePool(cfg.inference_job(inference_gpus)), kind(cfg.trainer_job(trainer_gpus), config_path)
-        )
+        job = cfg.inference_job(inference_gpus)
+        pool = _EARLY.pop(cfg.output_dir, None)
+        if pool is not None and pool.cfg != job:  # started for another config: not this run's
+            pool.shutdown()
+            pool = None
+        return cls(pool or InferencePool(job), kind(cfg.trainer_job(trainer_gpus), config_path))
 
     @property
     def served(self) -> int:
@@ -63,3 +77,29 @@ class RunHandles:
     def stop_trainer(self) -> None:
         """Apart from `stop_sampling`: the flow waits for its rollouts in flight between the two."""
         self.trainer.stop()
+
+
+@contextmanager
+def vllm_started_early(config: RLConfig) -> Iterator[None]:
+    """Preflight `config`; on a CPU box, start its vLLM replicas now for the flow run inside the
+    `with` to adopt, instead of after Prefect's temporary server and the flow have started (about
+    20 s on 2 cores; vLLM's own start is the longest part of a run's first step).
+
+    A run on GPUs starts nothing here: the flow leases its GPUs first (workers/leases.py), and
+    another run may hold them. Replicas no flow adopted (it failed first, or resolved another
+    inference config) are stopped on the way out.
+    """
+    cfg, inf_gpus, train_gpus = resolve(config)
+    if inf_gpus or train_gpus or cfg.inference.urls or cfg.deployment.type != "single_node":
+        yield
+        return
+    store = run_store(cfg.output_dir)
+    acquire_run_lock(store)  # a second controller would reap the first one's replicas
+    pool = _EARLY[cfg.output_dir] = InferencePool(cfg.inference_job(inf_gpus))
+    pool.start()
+    try:
+        yield
+    finally:
+        if _EARLY.pop(cfg.output_dir, None) is pool:
+            pool.shutdown()
+        release_run_lock(store)
