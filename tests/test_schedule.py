@@ -124,3 +124,51 @@ def test_a_resumed_trainer_continues_the_schedule_exactly(tiny_model, tmp_path, 
     assert all(m["kl"] >= 0 and "entropy" in m and "is_weight_mean" in m for m in straight)
     assert straight[0]["kl"] == pytest.approx(0.0, abs=1e-9)  # step 0: the policy is the reference
     assert straight[-1]["kl"] > 0
+
+
+@pytest.fixture
+def _restore_torch_threads():
+    """The SFT example sets trainer.num_threads = 1, which is process-wide."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("_restore_torch_threads")
+def test_sft_follows_the_schedule_and_resumes_it(tiny_model, tmp_path, monkeypatch):
+    """SFT shares the optimizer and the schedule: a run killed after checkpoint 2 and resumed logs
+    the lrs of an uninterrupted one, each lr x lr_factor(step)."""
+    from rlfleet.trainer import sft as engine
+    from tests.test_sft import example_config
+
+    args = [
+        "--max-steps",
+        "6",
+        "--trainer.checkpoint-interval",
+        "3",
+        "--trainer.lr-schedule.warmup-steps",
+        "2",
+    ]
+    args += ["--trainer.lr-schedule.decay", "linear", "--trainer.lr-schedule.min-lr-ratio", "0.2"]
+    straight = engine.run_sft(example_config(tiny_model, tmp_path / "a", *args), progress=False)
+    real = engine.sft_step
+
+    def dies_at_3(*a, **kw):
+        if len(calls) == 3:
+            raise RuntimeError("killed")
+        calls.append(1)
+        return real(*a, **kw)
+
+    calls: list[int] = []
+    monkeypatch.setattr(engine, "sft_step", dies_at_3)
+    cfg = example_config(tiny_model, tmp_path / "b", *args)
+    with pytest.raises(RuntimeError, match="killed"):
+        engine.run_sft(cfg, progress=False)
+    monkeypatch.setattr(engine, "sft_step", real)
+    resumed = engine.run_sft(cfg, progress=False)
+    lrs = [s["lr"] for s in straight["steps"]]
+    assert lrs == [cfg.trainer.lr * lr_factor(cfg.trainer.lr_schedule, 6, s) for s in range(6)]
+    assert [s["lr"] for s in resumed["steps"]] == lrs
+    assert [s["loss"] for s in resumed["steps"]] == pytest.approx(
+        [s["loss"] for s in straight["steps"]], rel=1e-4
+    )
