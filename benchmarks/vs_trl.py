@@ -228,8 +228,8 @@ def trl_spec(cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool) -> d
         "vllm_gpu_memory_utilization": cfg.inference.gpu_memory_utilization or 0.45,
         # TRL's sampler/trainer correction in the role of rlfleet's ratio masking, the same bounds
         "vllm_importance_sampling_mode": "token_mask",
-        "vllm_importance_sampling_clip_min": t.mask_ratio_low,
-        "vllm_importance_sampling_clip_max": t.mask_ratio_high,
+        "vllm_importance_sampling_clip_min": cfg.loss.mask_ratio_low,
+        "vllm_importance_sampling_clip_max": cfg.loss.mask_ratio_high,
     }
     # fmt: off
     grpo: dict[str, Any] = {
@@ -243,7 +243,7 @@ def trl_spec(cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool) -> d
         "optim": "adamw_torch_fused" if cuda else "adamw_torch", "gradient_checkpointing": False,
         # no KL, no reference model; token sum / the step's loss tokens (DAPO) as rlfleet's grpo_loss
         "beta": 0.0, "num_iterations": 1, "loss_type": "dapo", "scale_rewards": "group",
-        "epsilon": t.clip_low, "epsilon_high": t.clip_high, "use_vllm": trl_vllm, **(vllm if trl_vllm else {}),
+        "epsilon": cfg.loss.clip_low, "epsilon_high": cfg.loss.clip_high, "use_vllm": trl_vllm, **(vllm if trl_vllm else {}),
         "bf16": cuda, "use_cpu": not cuda, "model_init_kwargs": {"dtype": "bfloat16" if cuda else "float32"},
         "logging_steps": 1, "report_to": "none", "disable_tqdm": True,
         "save_strategy": "steps", "save_steps": t.checkpoint_interval, "save_only_model": False,

@@ -1,14 +1,15 @@
 """Trainer micro-batches: the one format the orchestrator writes and the trainer reads.
 
 records -> micro-batches -> files. A record is a trajectory's token fields (`input_ids`,
-`loss_mask`, `logprobs`) plus its GRPO `advantage`. `batches/step_N/micro_K.safetensors` holds
-tensors aligned to token positions:
+`loss_mask`, `logprobs`) plus its `advantage` (`[advantage]`, default GRPO's).
+`batches/step_N/micro_K.safetensors` holds tensors aligned to token positions:
   input_ids [B, L]      the trajectory (prompt, model turns, tool/env turns), right-padded with pad_id
   loss_mask [B, L]      1 where the token at that position was sampled by the model, 0 elsewhere
   old_logprobs [B, L]   the sampler's logprob of that token (0 elsewhere)
-  advantages [B]        GRPO advantage of the sequence
+  advantages [B]        the sequence's advantage
 With seq_len > 0 sequences are packed instead: rows of exactly seq_len tokens holding several
-sequences, `position_ids [R, L]` restarting at each one, and `advantages [R, L]` per token.
+sequences, `position_ids [R, L]` restarting at each one (the loss tells sequences apart by them),
+and `advantages [R, L]` per token.
 
 Packing: position ids restart at 0 at every sequence start. transformers reads restarts as
 sequence boundaries: sdpa/eager get a block-diagonal causal mask, flash-attention runs varlen, so

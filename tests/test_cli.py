@@ -32,7 +32,7 @@ def base(tiny_model, tmp_path):
         (["--orchestrator.temperature", "0"], "orchestrator.temperature"),
         (["--orchestrator.max-async-level", "-1"], "orchestrator.max_async_level"),
         (["--trainer.betas", "[0.9, 1.5]"], "trainer.betas"),
-        (["--trainer.clip-low", "1.5"], "trainer.clip_low"),
+        (["--loss.clip-low", "1.5"], "loss.clip_low"),
         (["--trainer.lr"], "--trainer.lr needs a value"),
         (["--model.dtype", "float8"], "model.dtype"),
         (["--model.path", ""], "model.path"),

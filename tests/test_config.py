@@ -214,3 +214,68 @@ def test_to_toml_round_trips(tmp_path):
     assert load(RLConfig, ["@", path]) == cfg
     for job in (cfg.trainer_job(), cfg.inference_job()):
         assert type(job).model_validate(tomllib.loads(to_toml(job))) == job
+
+
+# -- [loss], [advantage], [trainer.lr_schedule] ---------------------------------------------------
+def test_algorithm_defaults_are_todays():
+    cfg = load(RLConfig, ["--model.path", "m"])
+    loss, job = cfg.loss, cfg.trainer_job()
+    assert (loss.type, loss.clip_low, loss.clip_high, loss.aggregation) == ("grpo", 0.2, 0.28, "token_mean")
+    assert (loss.mask_ratio_low, loss.mask_ratio_high, loss.is_correction) == (0.125, 8.0, "none")
+    assert loss.kl_coef == 0.0 and loss.entropy_coef == 0.0
+    assert (cfg.advantage.type, cfg.advantage.std_normalize) == ("grpo", True)
+    assert cfg.trainer.lr_schedule.decay == "constant" and cfg.trainer.lr_schedule.warmup_steps == 0
+    assert job.loss == loss  # the trainer gets the run's [loss]
+    assert tomllib.loads(to_toml(job))["loss"]["clip_low"] == 0.2  # resolved defaults are recorded
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--loss.type", "ppo2"], "loss.type: unknown loss 'ppo2': one of grpo, dr_grpo, gspo, cispo"),
+        (["--loss.type", "nope/missing.py:fn"], "loss.type: 'nope/missing.py:fn': no file"),
+        (["--loss.type", "no_such_module_xyz:fn"], "loss.type: 'no_such_module_xyz:fn': cannot import"),
+        (
+            ["--loss.type", "math:no_such_fn"],
+            "loss.type: 'math:no_such_fn': math has no attribute 'no_such_fn'",
+        ),
+        (["--loss.type", "math:pi"], "loss.type: 'math:pi' is not callable"),
+        (["--loss.aggregation", "mean"], "loss.aggregation"),
+        (["--loss.is-correction", "tis"], "loss.is_correction"),
+        (["--loss.kl-estimator", "k4"], "loss.kl_estimator"),
+        (["--loss.kl-coef", "-1"], "loss.kl_coef"),
+        (["--loss.is-correction", "token_mis", "--loss.is-low", "3"], "is_low (3.0) must be below is_high"),
+        (["--advantage.type", "ppo"], "advantage.type"),
+        (["--trainer.lr-schedule.decay", "exp"], "trainer.lr_schedule.decay"),
+        (["--trainer.lr-schedule", "step"], "trainer.lr_schedule.decay"),
+        (["--trainer.lr-schedule.min-lr-ratio", "2"], "trainer.lr_schedule.min_lr_ratio"),
+        (
+            ["--trainer.clip-low", "0.1", "--loss.clip-low", "0.2"],
+            "trainer.clip_low is the old name of loss.clip_low",
+        ),
+    ],
+)
+def test_bad_algorithm_options_fail_at_load_naming_the_field(argv, expected):
+    with pytest.raises(ConfigError) as ei:
+        load(RLConfig, ["--model.path", "m", *argv])
+    assert expected in str(ei.value)
+
+
+def test_type_defaults_and_the_old_trainer_keys():
+    """gspo and cispo bring their papers' clip ranges, dr_grpo its constant normaliser; the clip and
+    ratio-mask keys that lived under [trainer] still work, as their [loss] names."""
+    gspo = load(RLConfig, ["--model.path", "m", "--loss.type", "gspo"]).loss
+    assert (gspo.clip_low, gspo.clip_high, gspo.aggregation) == (3e-4, 4e-4, "seq_mean_token_mean")
+    cispo = load(RLConfig, ["--model.path", "m", "--loss.type", "cispo", "--loss.clip-high", "4"]).loss
+    assert (cispo.clip_low, cispo.clip_high) == (1.0, 4.0)
+    assert load(RLConfig, ["--model.path", "m", "--loss.type", "dr_grpo"]).loss.aggregation == "constant"
+    old = load(
+        RLConfig, ["--model.path", "m", "--trainer.clip-high", "0.3", "--trainer.mask-ratio-low", "0.5"]
+    )
+    assert (old.loss.clip_high, old.loss.mask_ratio_low) == (0.3, 0.5)
+    job = TrainerJobConfig.model_validate({"model": {"path": "m"}, "trainer": {"clip_low": 0.1}})
+    assert job.loss.clip_low == 0.1
+    assert (
+        load(RLConfig, ["--model.path", "m", "--trainer.lr-schedule", "cosine"]).trainer.lr_schedule.decay
+        == "cosine"
+    )

@@ -98,7 +98,13 @@ def assert_readable_in_prefect(state, out: Path, summary: dict) -> None:
     assert [r["_step"] for r in rows] == [0, 1]
     logged = {k for row in rows for k in row if not k.startswith("_")}
     assert all(k.split("/")[0] in {"train", "rollout", "timing", "eval"} for k in logged), logged
-    assert {"train/loss", "train/grad_norm", "rollout/reward_mean", "timing/step_seconds"} <= logged
+    assert {
+        "train/loss",
+        "train/grad_norm",
+        "train/lr",
+        "rollout/reward_mean",
+        "timing/step_seconds",
+    } <= logged
     assert not {"train/reward_mean", "train/step_seconds", "train/max_staleness"} & logged  # no twins
     assert config["prefect_flow_run_id"] == str(run_id) and str(run_id) in config["prefect_flow_run_url"]
 
@@ -114,13 +120,25 @@ async def _task_run_names(flow_run_id) -> set[str]:
     return {r.name for r in runs}
 
 
+# Non-default algorithm options ride along in the resume test: Dr.GRPO (constant normaliser, mean-only
+# advantages), a KL penalty (the trainer loads a frozen reference) and warm-up + cosine lr, which the
+# relaunched trainer continues; none of them changes what the test asserts.
+ALGORITHM = {
+    "loss.type": "dr_grpo",
+    "advantage.std-normalize": "false",
+    "loss.kl-coef": "0.05",
+    "trainer.lr-schedule.warmup-steps": "1",
+    "trainer.lr-schedule.decay": "cosine",
+}
+
+
 def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path):
     from rlfleet.flows.rl import rl
 
     out = tmp_path / "run"
     store = RunStore(out)
 
-    state = rl(config=rl_config(tiny_model, out, max_steps=2), return_state=True)
+    state = rl(config=rl_config(tiny_model, out, max_steps=2, **ALGORITHM), return_state=True)
     assert state.is_completed(), state
     summary = json.loads((out / "summary.json").read_text())
     assert [s["step"] for s in summary["steps"]] == [0, 1]
@@ -148,7 +166,7 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
 
     # Same output_dir, more steps, now async (k=1): resumes at step 2, leaves steps 0-1 untouched.
     state = rl(
-        config=rl_config(tiny_model, out, max_steps=4, **{"orchestrator.max-async-level": "1"}),
+        config=rl_config(tiny_model, out, max_steps=4, **{"orchestrator.max-async-level": "1"}, **ALGORITHM),
         return_state=True,
     )
     assert state.is_completed(), state
@@ -170,6 +188,8 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
         assert all(0 <= staleness(s, r["policy_step"]) <= k for r in records)
         assert json.loads((out / f"metrics/step_{s}.json").read_text())["max_staleness"] == (s == 3)
     assert [s["max_staleness"] for s in summary["steps"]] == [0, 0, 0, 1]
+    trained = [json.loads((out / f"metrics/step_{s}.json").read_text()) for s in range(4)]
+    assert all(m["lr"] > 0 and m["kl"] >= 0 for m in trained)  # the schedule's lr and the KL are logged
     if len(os.sched_getaffinity(0)) >= 2:  # async on a CPU box: vLLM and the trainer on their own cores
         written = {
             n: tomllib.loads((out / f"configs/{n}.toml").read_text()) for n in ("trainer", "inference")

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from rlfleet.orchestrator.advantages import grpo_advantages
+from rlfleet.config.advantage import AdvantageConfig
+from rlfleet.orchestrator.advantages import advantages, grpo_advantages
 from rlfleet.trainer.loss import grpo_loss, token_logprobs
 
 
@@ -25,6 +26,47 @@ def test_grpo_advantages_hand_computed():
 def test_grpo_advantages_single_group_zero_mean():
     (adv,) = grpo_advantages([[0.2, 0.9, 0.4, 0.5, 0.0]])
     assert abs(sum(adv)) < 1e-9
+
+
+def test_grpo_advantages_without_std_by_hand():
+    """Dr.GRPO sec. 3.2: A_i = r_i - mean(r), no division by std(r)."""
+    (a,) = advantages([[1, 0, 0, 1]], AdvantageConfig(std_normalize=False))
+    _close(a, [0.5, -0.5, -0.5, 0.5])
+    (b,) = advantages([[0.0, 1.0, 2.0]], AdvantageConfig(std_normalize=False))
+    _close(b, [-1.0, 0.0, 1.0])
+
+
+def test_rloo_advantages_by_hand():
+    """RLOO (Ahmadian et al. 2024, eq. 5): A_i = r_i - 1/(k-1) sum_{j != i} r_j."""
+    a, b, c = advantages([[1, 0, 0, 1], [3.0, 3.0, 3.0], [0.0, 1.0, 2.0]], AdvantageConfig(type="rloo"))
+    _close(a, [1 - 1 / 3, 0 - 2 / 3, 0 - 2 / 3, 1 - 1 / 3])
+    assert b == [0.0, 0.0, 0.0]
+    _close(c, [0 - 1.5, 1 - 1.0, 2 - 0.5])
+
+
+def test_reinforce_pp_advantages_by_hand():
+    """REINFORCE++ (Hu et al. 2025, eq. 8-9): r - baseline, then (A - mean_batch) / std_batch.
+
+    group baseline: groups [1,0,0,1] (mean 0.5) and [0,0,0,1] (mean 0.25) centre to
+    [.5,-.5,-.5,.5,-.25,-.25,-.25,.75], batch mean 0, population variance (4 x .25 + 3 x .0625 +
+    .5625) / 8 = .21875. batch baseline: r - 3/8, variance (3 x .390625 + 5 x .140625) / 8 = .234375.
+    """
+    rewards = [[1, 0, 0, 1], [0, 0, 0, 1]]
+    g = advantages(rewards, AdvantageConfig(type="reinforce_pp"))
+    sd = math.sqrt(0.21875)
+    _close([x for row in g for x in row], [v / sd for v in [0.5, -0.5, -0.5, 0.5, -0.25, -0.25, -0.25, 0.75]])
+    b = advantages(rewards, AdvantageConfig(type="reinforce_pp", baseline="batch"))
+    sd = math.sqrt(0.234375)
+    _close([x for row in b for x in row], [(r - 0.375) / sd for row in rewards for r in row])
+
+
+def test_batches_carry_the_configured_advantages():
+    from rlfleet.orchestrator.batch import with_advantages
+
+    recs = [{"group": g, "reward": r} for g, r in [(1, 0.0), (0, 1.0), (0, 0.0), (1, 2.0)]]
+    out = with_advantages(recs, AdvantageConfig(type="rloo"))
+    assert [(m["group"], m["advantage"]) for m in out] == [(0, 1.0), (0, -1.0), (1, -2.0), (1, 2.0)]
+    assert [m["advantage"] for m in with_advantages(recs)] == pytest.approx([1, -1, -1, 1], abs=1e-5)
 
 
 # -- loss ---------------------------------------------------------------------------------------

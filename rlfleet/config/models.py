@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from rlfleet.config.advantage import AdvantageConfig
 from rlfleet.config.base import NonEmptyStr, Strict
 from rlfleet.config.deployment import (
     Deployment,
@@ -21,6 +22,8 @@ from rlfleet.config.deployment import (
     check_slurm_fit,
 )
 from rlfleet.config.envs import EnvList, EvalEnvList, RepeatEnvConfig, RepeatEvalEnv, env_name, split_counts
+from rlfleet.config.loss import WithLoss
+from rlfleet.config.schedule import LRScheduleConfig
 from rlfleet.config.weights import WeightsConfig, check_transport
 
 
@@ -155,15 +158,8 @@ class TrainerConfig(Strict):
     lr: float = Field(3e-3, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.99)
-    clip_low: float = Field(0.2, ge=0.0, le=1.0)
-    clip_high: float = Field(0.28, ge=0.0)
+    lr_schedule: LRScheduleConfig = Field(default_factory=LRScheduleConfig)
     max_grad_norm: float = Field(1.0, gt=0.0)
-    mask_ratio_low: float = Field(
-        0.125, ge=0.0, description="Tokens with trainer/sampler ratio below this leave the loss."
-    )
-    mask_ratio_high: float = Field(
-        8.0, gt=1.0, description="Tokens with trainer/sampler ratio above this leave the loss."
-    )
     checkpoint_interval: int = Field(5, ge=1, description="Checkpoint every k steps (and the last).")
     keep_weights: int = Field(3, ge=1, description="Weight snapshots kept for broadcast.")
     keep_checkpoints: int = Field(
@@ -231,7 +227,7 @@ class BenchConfig(Strict):
     output_json: str | None = None
 
 
-class TrainerJobConfig(_RunBase):
+class TrainerJobConfig(_RunBase, WithLoss):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     inference: InferenceConfig = Field(
@@ -293,7 +289,8 @@ class _FlowRunBase(_RunBase):
         return self.run_name or Path(self.output_dir).name
 
 
-class RLConfig(_FlowRunBase):
+class RLConfig(_FlowRunBase, WithLoss):
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
@@ -342,6 +339,7 @@ class RLConfig(_FlowRunBase):
         return TrainerJobConfig(
             **self._base(),
             trainer=self.trainer,
+            loss=self.loss,
             weights=self.weights,
             inference=self.inference,
             gpu_ids=gpu_ids or [],

@@ -15,7 +15,7 @@ def artifact_key(name: str, kind: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"{name}-{kind}".lower()).strip("-")
 
 
-ROW_METRICS = ("loss", "grad_norm", "clip_frac", "mismatch_kl", "logprob_diff_max", "train_seconds")
+ROW_METRICS = ("loss", "grad_norm", "lr", "clip_frac", "mismatch_kl", "logprob_diff_max", "train_seconds")
 
 
 def metric_row(store: RunStore, rec: dict[str, Any]) -> dict[str, Any]:

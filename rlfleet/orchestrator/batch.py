@@ -10,19 +10,22 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from rlfleet.config.advantage import AdvantageConfig
 from rlfleet.errors import DeterministicError
-from rlfleet.orchestrator.advantages import grpo_advantages
+from rlfleet.orchestrator.advantages import advantages
 from rlfleet.orchestrator.rollout import read_rollout, staleness, usable
 from rlfleet.store import RunStore, step_dir
 
 
-def with_advantages(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_advantages(
+    records: list[dict[str, Any]], cfg: AdvantageConfig | None = None
+) -> list[dict[str, Any]]:
     groups: dict[int, list[dict[str, Any]]] = {}
     for r in records:
         groups.setdefault(r["group"], []).append(r)
     ordered = [groups[g] for g in sorted(groups)]
     for members, advs in zip(
-        ordered, grpo_advantages([[m["reward"] for m in g] for g in ordered]), strict=True
+        ordered, advantages([[m["reward"] for m in g] for g in ordered], cfg), strict=True
     ):
         for m, a in zip(members, advs, strict=True):
             m["advantage"] = a
@@ -38,14 +41,17 @@ def build_batches(
     temperature: float = 1.0,
     seq_len: int = 0,
     max_async_level: int | None = None,
+    advantage: AdvantageConfig | None = None,
+    max_tokens: int = 0,
 ) -> dict[str, Any]:
     """Publish `batches/step_N` from `rollouts/step_N`: the step's micro-batches (rlfleet/batches.py).
 
     seq_len > 0 packs the sequences into rows of that many tokens. Every record carries
     the weight version that sampled it; the batch records the step's staleness range and refuses
-    (a bug upstream, never retried) samples older than `max_async_level`.
+    (a bug upstream, never retried) samples older than `max_async_level`. `advantage` picks the
+    estimator (default GRPO's); `max_tokens`, recorded, is the `constant` loss normaliser's budget.
     """
-    records = with_advantages(read_rollout(store, step))
+    records = with_advantages(read_rollout(store, step), advantage)
     stale = [staleness(step, r["policy_step"]) for r in records]
     if max_async_level is not None and not all(
         usable(step, r["policy_step"], max_async_level) for r in records
@@ -62,6 +68,7 @@ def build_batches(
         "step": step,
         "micro_batches": len(micro),
         "num_sequences": len(records),
+        "max_tokens": max_tokens,
         "num_loss_tokens": sum(sum(r["loss_mask"]) for r in records),
         "reward_mean": statistics.fmean(r["reward"] for r in records),
         "policy_steps": sorted({r["policy_step"] for r in records}),

@@ -152,6 +152,8 @@ def aggregate(cfg: RLConfig, step: int) -> dict[str, Any]:
             temperature=cfg.orchestrator.temperature,
             seq_len=cfg.orchestrator.seq_len,
             max_async_level=cfg.orchestrator.max_async_level,
+            advantage=cfg.advantage,
+            max_tokens=cfg.orchestrator.max_tokens,
         )
     )
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from rlfleet.config.models import TrainerJobConfig
+from rlfleet.trainer.losses import StepNorm
 from rlfleet.trainer.train import train_step
 
 PEAK_BF16 = {
@@ -72,24 +73,38 @@ def fake_micro_batches(
     return micro
 
 
-def _step_fn(cfg: TrainerJobConfig, loss: str) -> Callable[..., dict[str, Any]]:
+def _step_fn(cfg: TrainerJobConfig, loss: str, ref: Any = None) -> Callable[..., dict[str, Any]]:
     if loss == "sft":
         from rlfleet.trainer.sft import sft_step
 
         return lambda policy, opt, micro, _, par: sft_step(policy, opt, micro, cfg.trainer.max_grad_norm, par)
-    return lambda policy, opt, micro, n, par: train_step(policy, opt, micro, n, cfg.trainer, 1.0, par)
+    b = cfg.bench
+    seqs = b.micro_batches * b.micro_batch_size
+    return lambda policy, opt, micro, n, par: train_step(
+        policy,
+        opt,
+        micro,
+        StepNorm(n, seqs * par.world, cfg.loss.normalizer or b.seq_len * seqs * par.world),
+        cfg.trainer,
+        1.0,
+        par,
+        cfg.loss,
+        ref,
+    )
 
 
 def run_bench(cfg: TrainerJobConfig, loss: str = "grpo") -> dict[str, Any]:
     """Warm-up then measured steps of the GRPO (`rlfleet trainer`) or SFT (`rlfleet sft`) step."""
     from rlfleet.trainer.loop import build
+    from rlfleet.trainer.reference import load_reference
 
     b = cfg.bench
     par, policy, optimizer = build(cfg, cfg.model.path, random_init=True)
     lm_config = policy.lm.config
     micro = fake_micro_batches(cfg, lm_config.vocab_size, b.micro_batches * par.world, loss)
     num_loss_tokens = len(micro) * b.micro_batch_size * (b.seq_len - 1)
-    step = _step_fn(cfg, loss)
+    ref = load_reference(cfg, par, policy.lm_head_chunk) if loss == "grpo" else None
+    step = _step_fn(cfg, loss, ref)
     cuda = par.device.type == "cuda"
     times, losses = [], []
     for i in range(b.warmup_steps + b.steps):

@@ -38,14 +38,34 @@ def _chunk_backward(
     return g @ weight, g.t() @ hidden
 
 
+def _chunk_backward_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    grad: torch.Tensor,
+    grad_entropy: torch.Tensor,
+    inv_temp: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As `_chunk_backward`, plus an entropy bonus's gradient: d H / d logit_j = -p_j (log p_j + H)."""
+    logits = (hidden @ weight.t()).float() * inv_temp
+    logp = logits - lse.unsqueeze(-1)
+    g = logp.exp() * -(grad.unsqueeze(-1) + grad_entropy.unsqueeze(-1) * (logp + entropy.unsqueeze(-1)))
+    g.scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1))
+    g = (g * inv_temp).to(hidden.dtype)
+    return g @ weight, g.t() @ hidden
+
+
 # Swapped for torch.compile'd versions by `compile_lm_head` (fuses the [chunk, vocab] elementwise work).
-_FWD, _BWD = _chunk_forward, _chunk_backward
+_FWD, _BWD, _BWD_ENTROPY = _chunk_forward, _chunk_backward, _chunk_backward_entropy
 
 
 def compile_lm_head() -> None:
-    global _FWD, _BWD
+    global _FWD, _BWD, _BWD_ENTROPY
     _FWD = torch.compile(_chunk_forward, dynamic=False)
     _BWD = torch.compile(_chunk_backward, dynamic=False)
+    _BWD_ENTROPY = torch.compile(_chunk_backward_entropy, dynamic=False)
 
 
 class _ChunkedLogprob(torch.autograd.Function):
@@ -58,20 +78,34 @@ class _ChunkedLogprob(torch.autograd.Function):
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
             logprob[s:e], entropy[s:e], lse[s:e] = _FWD(hidden[s:e], weight, targets[s:e], inv_temp)
-        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         ctx.chunk, ctx.inv_temp = chunk, inv_temp
-        ctx.mark_non_differentiable(entropy)
+        ctx.set_materialize_grads(False)  # an entropy nothing uses gets None: the cheaper backward
         return logprob, entropy
 
     @staticmethod
-    def backward(ctx, grad_logprob, _grad_entropy):  # type: ignore[override]
-        hidden, weight, targets, lse = ctx.saved_tensors
+    def backward(ctx, grad_logprob, grad_entropy):  # type: ignore[override]
+        hidden, weight, targets, lse, entropy = ctx.saved_tensors
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        grad_logprob = grad_logprob.float().contiguous()
+        grad_logprob = torch.zeros_like(lse) if grad_logprob is None else grad_logprob.float().contiguous()
+        if grad_entropy is not None:
+            grad_entropy = grad_entropy.float().contiguous()
         for s in range(0, hidden.shape[0], ctx.chunk):
             e = min(s + ctx.chunk, hidden.shape[0])
-            gh, gw = _BWD(hidden[s:e], weight, targets[s:e], lse[s:e], grad_logprob[s:e], ctx.inv_temp)
+            if grad_entropy is None:
+                gh, gw = _BWD(hidden[s:e], weight, targets[s:e], lse[s:e], grad_logprob[s:e], ctx.inv_temp)
+            else:
+                gh, gw = _BWD_ENTROPY(
+                    hidden[s:e],
+                    weight,
+                    targets[s:e],
+                    lse[s:e],
+                    entropy[s:e],
+                    grad_logprob[s:e],
+                    grad_entropy[s:e],
+                    ctx.inv_temp,
+                )
             grad_hidden[s:e] = gh
             grad_weight += gw
         return grad_hidden, grad_weight.to(weight.dtype), None, None, None
@@ -83,7 +117,7 @@ def chunked_logprobs(
     """(logprob of target, entropy), both float32 and shaped like `targets`.
 
     hidden [..., H] (the final-norm output), weight [V, H] (the LM head), targets [...] token ids.
-    Only logprob carries a gradient; entropy is for logging.
+    Both are differentiable: the entropy's gradient (an entropy bonus) costs nothing when unused.
     """
     shape = targets.shape
     h = hidden.reshape(-1, hidden.shape[-1])

@@ -33,7 +33,10 @@ from rlfleet.trainer.files import (
     poll_interval,
     read_trainer_error,
 )
+from rlfleet.trainer.losses import StepNorm
 from rlfleet.trainer.parallel import Parallel, parallelize, setup, teardown
+from rlfleet.trainer.reference import load_reference
+from rlfleet.trainer.schedule import make_scheduler
 from rlfleet.trainer.train import (
     DTYPES,
     LM_HEAD_CHUNK,
@@ -55,6 +58,13 @@ def wait_for_batch(store: RunStore, step: int, poll_s: float, idle: Callable[[],
     while store.manifest(rel) is None:
         idle()
         time.sleep(poll_interval(store, poll_s))
+
+
+def step_norm(manifest: dict[str, Any], normalizer: float | None) -> StepNorm:
+    """The step's normalisers from its batch manifest (rlfleet/orchestrator/batch.py); the constant
+    one is `loss.normalizer`, or max_tokens x sequences (Dr.GRPO's generation budget)."""
+    seqs = manifest.get("num_sequences", 0)
+    return StepNorm(manifest["num_loss_tokens"], seqs, normalizer or manifest.get("max_tokens", 0) * seqs)
 
 
 def record_trainer_error(store: RunStore, step: int, exc: BaseException) -> None:
@@ -145,6 +155,9 @@ def run_trainer(cfg: TrainerJobConfig) -> None:
     ckpt = latest_checkpoint(store)
     start = 0 if ckpt is None else ckpt["step"] + 1
     par, model, optimizer = build_resumed(cfg, store, ckpt)
+    tc = cfg.trainer
+    scheduler = make_scheduler(optimizer, tc.lr, tc.lr_schedule, cfg.max_steps, start)
+    ref = load_reference(cfg, par, model.lm_head_chunk)
     checkpointer = Checkpointer(store, cfg.model.path, cfg.trainer.keep_checkpoints, par)
     log.info(
         "trainer rank %d/%d on %s, starting at step %d (checkpoint: %s); warm-up %.2f s, "
@@ -162,7 +175,8 @@ def run_trainer(cfg: TrainerJobConfig) -> None:
     step, failed = start, True
     try:
         for step in range(start, cfg.max_steps):
-            _train_one(store, cfg, step, model, optimizer, par, publisher, checkpointer)
+            _train_one(store, cfg, step, model, optimizer, par, publisher, checkpointer, ref)
+            scheduler.step()
         failed = False
     except BaseException as e:
         record_trainer_error(store, step, e)
@@ -182,6 +196,7 @@ def _train_one(
     par: Parallel,
     publisher: Publisher,
     checkpointer: Checkpointer,
+    ref: Policy | None = None,
 ) -> None:
     tc = cfg.trainer
     checkpointer.check()
@@ -192,10 +207,12 @@ def _train_one(
         model,
         optimizer,
         micro,
-        batch_manifest["num_loss_tokens"],
+        step_norm(batch_manifest, cfg.loss.normalizer),
         tc,
         batch_manifest.get("temperature", 1.0),
         par,
+        cfg.loss,
+        ref,
     )
     t_pub = time.perf_counter()
     publisher.publish(step, model)

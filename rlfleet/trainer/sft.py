@@ -29,6 +29,7 @@ from rlfleet.trainer.files import latest_checkpoint
 from rlfleet.trainer.loop import build_resumed, checkpoint_if_due
 from rlfleet.trainer.loss import sft_loss
 from rlfleet.trainer.parallel import Parallel, teardown
+from rlfleet.trainer.schedule import make_scheduler
 from rlfleet.trainer.sft_data import (
     check_data,
     load_dataset,
@@ -94,6 +95,7 @@ def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
         return write_sft_report(store, cfg, time.perf_counter() - t0)
     trainer_job = cfg.trainer_job()
     par, policy, optimizer = build_resumed(trainer_job, store, ckpt)
+    scheduler = make_scheduler(optimizer, tc.lr, tc.lr_schedule, cfg.max_steps, start)
     checkpointer = Checkpointer(store, cfg.model.path, tc.keep_checkpoints, par)
     failed = True
     try:
@@ -118,11 +120,13 @@ def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
             for step in range(start, cfg.max_steps):
                 s0 = time.perf_counter()
                 batches = step_batches(ds, tok, cfg.data, step, cfg.seed)
+                lr = optimizer.param_groups[0]["lr"]
                 metrics = sft_step(policy, optimizer, batches, tc.max_grad_norm, par)
+                scheduler.step()
                 metrics.update(
                     step=step,
                     epoch=step * cfg.data.batch_size // len(ds),
-                    lr=optimizer.param_groups[0]["lr"],
+                    lr=lr,
                     seconds=time.perf_counter() - s0,
                 )
                 # Metrics first: every step a checkpoint covers has its record; a crash in between

@@ -10,9 +10,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import TrainerConfig
 from rlfleet.trainer.lm_head import chunked_logprobs
-from rlfleet.trainer.loss import grpo_loss, token_logprobs
+from rlfleet.trainer.loss import logprobs_and_entropy, token_logprobs
+from rlfleet.trainer.losses import StepNorm, micro_batch_loss, policy_fn
 from rlfleet.trainer.parallel import Parallel, set_gradient_sync
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -44,21 +46,25 @@ class Policy(torch.nn.Module):
     and LM head; `lm` stays a plain HF model for `save_pretrained` and for other callers.
     """
 
-    def __init__(self, lm: PreTrainedModel, lm_head_chunk: int = 0):
+    def __init__(self, lm: PreTrainedModel, lm_head_chunk: int = 0, entropy: bool = False):
         super().__init__()
         self.lm = lm
         self.lm_head_chunk = lm_head_chunk
+        self.want_entropy = entropy  # full logits: also the entropy (an entropy bonus needs it)
 
     def forward(
         self, input_ids: torch.Tensor, temperature: float = 1.0, position_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logprob, entropy or None) of each next token: [B, T-1] float32.
+        """(logprob, entropy or None) of each next token: [B, T-1] float32. The chunked head gives
+        the entropy at no cost; full logits only when `want_entropy` (a [B, T, V] softmax more).
 
         use_cache=False: a KV cache in training only costs memory, and breaks activation
         checkpointing (the recompute would append to it again)."""
         targets = input_ids[:, 1:]
         if self.lm_head_chunk == 0:
             logits = self.lm(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[:, :-1]
+            if self.want_entropy:
+                return logprobs_and_entropy(logits, targets, temperature)
             return token_logprobs(logits, targets, temperature), None
         hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
         hidden = hidden.last_hidden_state[:, :-1]
@@ -182,51 +188,70 @@ def train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     micro_batches: list[dict[str, torch.Tensor]],
-    num_loss_tokens: int,
+    norm: StepNorm | int,
     cfg: TrainerConfig,
     temperature: float = 1.0,
     par: Parallel | None = None,
+    loss: LossConfig | None = None,
+    ref: torch.nn.Module | None = None,
 ) -> dict[str, Any]:
-    """One GRPO optimizer step: token-normalized loss over all micro-batches, clip, AdamW.
+    """One RL optimizer step: the `[loss]` loss (default GRPO) over all micro-batches, clip, AdamW.
 
-    `model` is a Policy (or a bare HF model, wrapped on the fly).
+    `model` is a Policy (or a bare HF model, wrapped on the fly); `norm` the step's normalisers
+    (an int: its loss-token count only); `ref` the frozen reference Policy when `loss.kl_coef` > 0.
+    The step's lr is the optimizer's now: the caller's scheduler steps after this returns.
     """
     policy = model if isinstance(model, Policy) else Policy(model)
+    lc = loss or LossConfig()
+    norm = norm if isinstance(norm, StepNorm) else StepNorm(norm)
+    if lc.kl_coef > 0 and ref is None:
+        raise ValueError("loss.kl_coef > 0 needs the reference model (rlfleet/trainer/reference.py)")
+    policy.want_entropy = lc.entropy_coef > 0
+    term = policy_fn(lc)
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
 
     def loss_fn(mb, logprobs, entropy):
-        mask = mb["loss_mask"][:, 1:]
+        ref_lp = None
+        if lc.kl_coef > 0:
+            with torch.no_grad():
+                ref_lp, _ = ref(mb["input_ids"], temperature, mb.get("position_ids"))
         adv = mb["advantages"]
-        loss, stats = grpo_loss(
+        return micro_batch_loss(
+            lc,
+            term,
             logprobs,
             mb["old_logprobs"][:, 1:],
             adv[:, 1:] if adv.dim() == 2 else adv,
-            mask,
-            num_loss_tokens,
-            cfg.clip_low,
-            cfg.clip_high,
-            cfg.mask_ratio_low,
-            cfg.mask_ratio_high,
+            mb["loss_mask"][:, 1:],
+            norm,
+            mb.get("position_ids"),
+            ref_lp,
+            entropy,
         )
-        if entropy is not None:
-            stats["entropy_sum"] = (entropy.detach() * mask).sum()
-        return loss, stats
 
+    lr = optimizer.param_groups[0]["lr"]
     totals = accumulate(policy, micro_batches, loss_fn, temperature, par)
     grad_norm = optimizer_step(policy, optimizer, cfg.max_grad_norm)
-    n = max(num_loss_tokens, 1)
+    n = max(norm.tokens, 1)
     metrics = {
         "loss": totals["loss"],
         "grad_norm": grad_norm,
-        "clip_frac": totals["clipped_tokens"] / n,
+        "lr": float(lr),
+        "clip_frac": totals.get("clipped_tokens", 0.0) / n,
         "mask_frac": totals["masked_tokens"] / n,
         "ratio_mean": totals["ratio_sum"] / n,
         "mismatch_kl": totals["mismatch_kl_sum"] / n,
         "logprob_diff_max": totals["logprob_diff_max"],  # max |trainer - sampler| logprob of a token
-        "num_loss_tokens": num_loss_tokens,
+        "num_loss_tokens": norm.tokens,
         "train_seconds": time.perf_counter() - start,
     }
-    if "entropy_sum" in totals:
-        metrics["entropy"] = totals["entropy_sum"] / n
+    for key, name in (
+        ("entropy_sum", "entropy"),
+        ("kl_sum", "kl"),
+        ("is_weight_sum", "is_weight_mean"),
+        ("is_masked_tokens", "is_mask_frac"),
+    ):
+        if key in totals:
+            metrics[name] = totals[key] / n
     return metrics
