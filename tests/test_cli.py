@@ -250,7 +250,6 @@ def test_vllm_started_early_stops_what_no_flow_adopted(base, tmp_path):
     it and frees the run's lock."""
     from rlfleet.config.models import RLConfig
     from rlfleet.runs.handles import _EARLY, RunHandles, vllm_started_early
-
     from tests.conftest import free_port
 
     cfg = load(RLConfig, [*base, "--inference.port", str(free_port())])
