@@ -24,15 +24,16 @@ from rlfleet.trainer.schedule import lr_factor, make_scheduler
 
 
 def test_lr_factor_by_hand():
-    """Warm-up (s + 1) / k for s < k; then progress p = (s - k) / (max_steps - 1 - k):
+    """Warm-up (s + 1) / k for s < k; then progress p = (s - k) / (max_steps - k):
     linear 1 - p, cosine (1 + cos(pi p)) / 2, scaled into [min_lr_ratio, 1]."""
     cos = LRScheduleConfig(decay="cosine", warmup_steps=3, min_lr_ratio=0.1)
     lin = LRScheduleConfig(decay="linear", warmup_steps=3, min_lr_ratio=0.1)
     want_warm = [1 / 3, 2 / 3, 1.0, 1.0]
     assert [lr_factor(cos, 10, s) for s in range(4)] == pytest.approx(want_warm)
-    assert lr_factor(cos, 10, 5) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 2 / 6)))
-    assert lr_factor(lin, 10, 5) == pytest.approx(0.1 + 0.9 * (1 - 2 / 6))
-    assert lr_factor(cos, 10, 9) == pytest.approx(0.1) == lr_factor(lin, 10, 9)
+    assert lr_factor(cos, 10, 5) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 2 / 7)))
+    assert lr_factor(lin, 10, 5) == pytest.approx(0.1 + 0.9 * (1 - 2 / 7))
+    assert lr_factor(lin, 10, 9) == pytest.approx(0.1 + 0.9 / 7)  # the last step still learns
+    assert lr_factor(cos, 10, 10) == pytest.approx(0.1) == lr_factor(lin, 10, 10)
     assert lr_factor(LRScheduleConfig(), 10, 7) == 1.0
 
 

@@ -18,12 +18,13 @@ from rlfleet.config.schedule import LRScheduleConfig
 
 def lr_factor(cfg: LRScheduleConfig, max_steps: int, step: int) -> float:
     """lr / base lr at `step` (0-based): (step + 1) / warmup_steps during warm-up, then constant,
-    or a linear / cosine decay that reaches min_lr_ratio at the last step (max_steps - 1)."""
+    or a linear / cosine decay that would reach min_lr_ratio at step `max_steps`, one past the last
+    (as transformers' schedules do): the last step still learns when min_lr_ratio is 0."""
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
     if cfg.decay == "constant":
         return 1.0
-    progress = min((step - cfg.warmup_steps) / max(max_steps - 1 - cfg.warmup_steps, 1), 1.0)
+    progress = min((step - cfg.warmup_steps) / max(max_steps - cfg.warmup_steps, 1), 1.0)
     shape = 1.0 - progress if cfg.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
 
