@@ -6,7 +6,7 @@ rlfleet sft @ examples/tiny/sft.toml --data.batch-size 16
 rlfleet inference @ outputs/tiny/configs/inference.toml
 rlfleet trainer @ outputs/tiny/configs/trainer.toml
 rlfleet eval --output-dir outputs/tiny --model.path models/tiny --checkpoint latest
-rlfleet model tiny --out models/tiny
+rlfleet model tiny --out models/tiny [--arch qwen3]     # llama (default), qwen2, qwen3, gemma2, gemma3, qwen3_moe
 rlfleet runs status outputs/tiny
 rlfleet deploy [--pool rlfleet-local]      # work pool + deployments rl/main, sft/main, eval/scheduled, ablation/main
 rlfleet deploy --pool rlfleet-slurm --type slurm   # the same on a `slurm` work pool
@@ -169,10 +169,16 @@ def _model(argv: Sequence[str]) -> int:
     parser.add_argument("kind", choices=["tiny"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--arch",
+        default="llama",
+        choices=["llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3_moe"],  # rlfleet.trainer.tiny.ARCHS
+        help="the architecture of the random-init model (llama: the default tiny model)",
+    )
     args = parser.parse_args(argv)
     from rlfleet.trainer.tiny import make_tiny_model
 
-    print(make_tiny_model(args.out, seed=args.seed))
+    print(make_tiny_model(args.out, seed=args.seed, arch=args.arch))
     return 0
 
 

@@ -246,9 +246,9 @@ def _write_hf(
     """An HF model directory (`from_pretrained` and vLLM read it) from a CPU state dict."""
     from safetensors.torch import save_file
 
-    state = dict(state)
-    if getattr(lm.config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)
+    from rlfleet.weights.tensors import sent_tensors
+
+    state = sent_tensors(lm, state)  # what every transport sends (a tied head is not)
     out.mkdir(parents=True, exist_ok=True)
     save_file(
         {k: v.contiguous() for k, v in state.items()},

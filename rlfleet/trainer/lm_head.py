@@ -3,7 +3,9 @@
 At a 152k vocabulary one 4096-token sequence has 2.5 GB of fp32 logits, more than the rest of a
 1.5B model's activations. `chunked_logprobs` runs the head over `chunk` tokens at a time, keeps
 only the log-sum-exp per token, and recomputes each chunk's logits in backward (one extra head
-matmul) so peak memory is one chunk of logits whatever the sequence length.
+matmul) so peak memory is one chunk of logits whatever the sequence length. A soft-capped head
+(Gemma-2's `final_logit_softcapping`: logits = cap * tanh(logits / cap), before the temperature, as
+transformers and vLLM apply it) is capped here too.
 """
 
 from __future__ import annotations
@@ -11,10 +13,21 @@ from __future__ import annotations
 import torch
 
 
+def _logits(
+    hidden: torch.Tensor, weight: torch.Tensor, inv_temp: float, softcap: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logits / temperature, d capped / d raw logits or None when uncapped)."""
+    raw = (hidden @ weight.t()).float()
+    if not softcap:
+        return raw * inv_temp, None
+    t = torch.tanh(raw / softcap)
+    return t * (softcap * inv_temp), 1.0 - t * t
+
+
 def _chunk_forward(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, inv_temp: float
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, inv_temp: float, softcap: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    logits = (hidden @ weight.t()).float() * inv_temp
+    logits, _ = _logits(hidden, weight, inv_temp, softcap)
     lse = logits.logsumexp(-1)
     logprob = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     probs = (logits - lse.unsqueeze(-1)).exp()
@@ -29,12 +42,14 @@ def _chunk_backward(
     lse: torch.Tensor,
     grad: torch.Tensor,
     inv_temp: float,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """d logprob / d logits = onehot(target) - softmax, scaled by the incoming grad."""
-    logits = (hidden @ weight.t()).float() * inv_temp
+    logits, dcap = _logits(hidden, weight, inv_temp, softcap)
     g = (logits - lse.unsqueeze(-1)).exp().mul_(-grad.unsqueeze(-1))
     g.scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1))
-    g = (g * inv_temp).to(hidden.dtype)
+    g = g * inv_temp if dcap is None else g * inv_temp * dcap
+    g = g.to(hidden.dtype)
     return g @ weight, g.t() @ hidden
 
 
@@ -47,13 +62,15 @@ def _chunk_backward_entropy(
     grad: torch.Tensor,
     grad_entropy: torch.Tensor,
     inv_temp: float,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """As `_chunk_backward`, plus an entropy bonus's gradient: d H / d logit_j = -p_j (log p_j + H)."""
-    logits = (hidden @ weight.t()).float() * inv_temp
+    logits, dcap = _logits(hidden, weight, inv_temp, softcap)
     logp = logits - lse.unsqueeze(-1)
     g = logp.exp() * -(grad.unsqueeze(-1) + grad_entropy.unsqueeze(-1) * (logp + entropy.unsqueeze(-1)))
     g.scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1))
-    g = (g * inv_temp).to(hidden.dtype)
+    g = g * inv_temp if dcap is None else g * inv_temp * dcap
+    g = g.to(hidden.dtype)
     return g @ weight, g.t() @ hidden
 
 
@@ -70,16 +87,16 @@ def compile_lm_head() -> None:
 
 class _ChunkedLogprob(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk: int, inv_temp: float):  # type: ignore[override]
+    def forward(ctx, hidden, weight, targets, chunk: int, inv_temp: float, softcap: float):  # type: ignore[override]
         n = hidden.shape[0]
         logprob = hidden.new_empty(n, dtype=torch.float32)
         entropy = torch.empty_like(logprob)
         lse = torch.empty_like(logprob)
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
-            logprob[s:e], entropy[s:e], lse[s:e] = _FWD(hidden[s:e], weight, targets[s:e], inv_temp)
+            logprob[s:e], entropy[s:e], lse[s:e] = _FWD(hidden[s:e], weight, targets[s:e], inv_temp, softcap)
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
-        ctx.chunk, ctx.inv_temp = chunk, inv_temp
+        ctx.chunk, ctx.inv_temp, ctx.softcap = chunk, inv_temp, softcap
         ctx.set_materialize_grads(False)  # an entropy nothing uses gets None: the cheaper backward
         return logprob, entropy
 
@@ -94,7 +111,9 @@ class _ChunkedLogprob(torch.autograd.Function):
         for s in range(0, hidden.shape[0], ctx.chunk):
             e = min(s + ctx.chunk, hidden.shape[0])
             if grad_entropy is None:
-                gh, gw = _BWD(hidden[s:e], weight, targets[s:e], lse[s:e], grad_logprob[s:e], ctx.inv_temp)
+                gh, gw = _BWD(
+                    hidden[s:e], weight, targets[s:e], lse[s:e], grad_logprob[s:e], ctx.inv_temp, ctx.softcap
+                )
             else:
                 gh, gw = _BWD_ENTROPY(
                     hidden[s:e],
@@ -105,23 +124,32 @@ class _ChunkedLogprob(torch.autograd.Function):
                     grad_logprob[s:e],
                     grad_entropy[s:e],
                     ctx.inv_temp,
+                    ctx.softcap,
                 )
             grad_hidden[s:e] = gh
             grad_weight += gw
-        return grad_hidden, grad_weight.to(weight.dtype), None, None, None
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None
 
 
 def chunked_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int, temperature: float = 1.0
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk: int,
+    temperature: float = 1.0,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprob of target, entropy), both float32 and shaped like `targets`.
 
-    hidden [..., H] (the final-norm output), weight [V, H] (the LM head), targets [...] token ids.
+    hidden [..., H] (the final-norm output), weight [V, H] (the LM head), targets [...] token ids,
+    softcap the head's final logit soft-capping (0: none).
     Both are differentiable: the entropy's gradient (an entropy bonus) costs nothing when unused.
     """
     shape = targets.shape
     h = hidden.reshape(-1, hidden.shape[-1])
     if not h.is_contiguous():
         h = h.contiguous()
-    lp, ent = _ChunkedLogprob.apply(h, weight, targets.reshape(-1), chunk, 1.0 / temperature)
+    lp, ent = _ChunkedLogprob.apply(
+        h, weight, targets.reshape(-1), chunk, 1.0 / temperature, float(softcap or 0.0)
+    )
     return lp.view(shape), ent.view(shape)

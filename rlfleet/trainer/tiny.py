@@ -1,8 +1,11 @@
-"""A tiny random-init Llama with a character tokenizer, made locally so nothing comes from a hub.
+"""Tiny random-init models with a character tokenizer, made locally so nothing comes from a hub.
 
-The vocabulary is one token per printable ASCII character plus specials, padded to the model's
-vocab size so every id vLLM can sample decodes to something. head_dim is 64 because vLLM's CPU
-attention rejects 16.
+`arch` picks the architecture (`ARCHS`): llama (the default), qwen2 (qkv bias, tied embeddings),
+qwen3 (qk-norm, tied), gemma2 (logit soft-capping, sliding-window layers, scaled embeddings),
+gemma3 (qk-norm, local/global layers with their own RoPE) and qwen3_moe (4 experts, top-2). Each
+is the same tiny body: the vocabulary is one token per printable ASCII character plus specials,
+padded to the model's vocab size so every id vLLM can sample decodes to something; head_dim is 64
+because vLLM's CPU attention rejects 16.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer, decoders
 from tokenizers.models import BPE
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, PreTrainedTokenizerFast
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 CHARS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]  # 95 printable + "\n"
+ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3_moe")
+SLIDING_WINDOW = 32  # Gemma's local layers: shorter than a test prompt, so the window matters
 # An assistant turn ends with EOS (as Qwen's ends with <|im_end|>), so a chat-trained model stops.
 # Tools are listed by name only (a character-level model has no room for JSON schemas); tool
 # calls render in the Hermes format that `rlfleet.chat.parse_assistant` reads back.
@@ -66,28 +71,58 @@ def tiny_config(
     intermediate: int | None = None,
     kv_heads: int | None = None,
     dtype: str = "float32",
-) -> LlamaConfig:
-    """The Llama config; `intermediate` defaults to 2 x hidden, `kv_heads` to `heads` (no GQA).
+    arch: str = "llama",
+) -> PretrainedConfig:
+    """The config; `intermediate` defaults to 2 x hidden, `kv_heads` to `heads` (no GQA).
 
     Larger shapes come from the same call, e.g. Qwen2-0.5B's body: hidden 896, intermediate 4864,
     24 layers, 14 heads, 2 KV heads (head_dim 64); `dtype` is what the weights are saved in.
     """
-    return LlamaConfig(
+    common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=intermediate if intermediate is not None else 2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads if kv_heads is not None else heads,
-        head_dim=hidden // heads,
         max_position_embeddings=1024,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
         torch_dtype=dtype,
     )
+    if arch == "llama":
+        return LlamaConfig(**common, head_dim=hidden // heads, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; one of {', '.join(ARCHS)}")
+    from transformers import AutoConfig
+
+    extra: dict[str, Any] = {"rms_norm_eps": 1e-6}
+    if arch == "qwen2":  # q/k/v carry biases in every Qwen2; small Qwen2.5s tie the LM head
+        extra |= {"tie_word_embeddings": True}
+    elif arch == "qwen3":  # q_norm/k_norm per head; Qwen3-0.6B to 4B tie the LM head
+        extra |= {"head_dim": hidden // heads, "tie_word_embeddings": True}
+    elif arch in ("gemma2", "gemma3"):  # HF's soft-capping defaults; every Gemma ties the LM head
+        layer_types = ["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (
+            layers % 2
+        )
+        extra |= {
+            "head_dim": hidden // heads,
+            "query_pre_attn_scalar": hidden // heads,
+            "sliding_window": SLIDING_WINDOW,
+            "layer_types": layer_types,
+            "tie_word_embeddings": True,
+        }
+    elif arch == "qwen3_moe":  # every layer sparse: 4 experts, top-2 (Qwen3-30B-A3B: 128, top-8)
+        extra |= {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": intermediate if intermediate is not None else hidden,
+            "norm_topk_prob": True,
+            "tie_word_embeddings": False,
+        }
+    model_type = {"gemma3": "gemma3_text"}.get(arch, arch)
+    return AutoConfig.for_model(model_type, **common, **extra)
 
 
 def make_tiny_model(out: str | Path, seed: int = 0, **shape: Any) -> Path:
@@ -98,10 +133,11 @@ def make_tiny_model(out: str | Path, seed: int = 0, **shape: Any) -> Path:
     """
     out = Path(out)
     cfg = tiny_config(**shape)
-    if cfg.head_dim < 32:
-        raise ValueError(f"head_dim {cfg.head_dim} < 32: vLLM's CPU attention rejects it")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if head_dim < 32:
+        raise ValueError(f"head_dim {head_dim} < 32: vLLM's CPU attention rejects it")
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).float()
+    model = AutoModelForCausalLM.from_config(cfg).float()
     dtype = str(shape.get("dtype") or "float32")
     if dtype != "float32":
         model = model.to(getattr(torch, dtype))

@@ -48,6 +48,10 @@ class Policy(torch.nn.Module):
 
     def __init__(self, lm: PreTrainedModel, lm_head_chunk: int = 0, entropy: bool = False):
         super().__init__()
+        if getattr(lm.config, "attn_logit_softcapping", None) and lm.config._attn_implementation != "eager":
+            # Gemma-2: transformers' default sdpa drops the attention soft-capping vLLM applies
+            # (0.5 nats apart once scores near the cap); eager computes it (and costs T^2 memory)
+            lm.set_attn_implementation("eager")
         self.lm = lm
         self.lm_head_chunk = lm_head_chunk
         self.want_entropy = entropy  # full logits: also the entropy (an entropy bonus needs it)
@@ -68,7 +72,10 @@ class Policy(torch.nn.Module):
             return token_logprobs(logits, targets, temperature), None
         hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
         hidden = hidden.last_hidden_state[:, :-1]
-        return chunked_logprobs(hidden, self.lm.lm_head.weight, targets, self.lm_head_chunk, temperature)
+        softcap = getattr(self.lm.config, "final_logit_softcapping", None) or 0.0  # Gemma-2's
+        return chunked_logprobs(
+            hidden, self.lm.lm_head.weight, targets, self.lm_head_chunk, temperature, softcap
+        )
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:

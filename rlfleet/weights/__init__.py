@@ -2,7 +2,7 @@
 
 `[weights] transport` picks how step N's weights reach the replicas:
 - filesystem (`filesystem.py`): the trainer publishes `weights/step_N` (HF safetensors) and each
-  replica reloads it in place with vLLM's own `reload_weights`.
+  replica reloads it in place, reading the files with vLLM's own loader.
 - cuda_ipc (`cuda_ipc.py`): vLLM and the trainer share one GPU; the trainer copies its parameters
   into one of two GPU buffers and vLLM's workers map that memory and load from it.
 - nccl (`nccl.py`): trainer rank 0 broadcasts the parameters to every vLLM worker over a process
@@ -10,7 +10,8 @@
 
 Trainer side: `publisher.make_publisher(...)`. Controller side: `tickets.ticket(...)` says what
 step N is for the chosen transport and `client.load(url, ticket)` hands it to a replica, whose
-worker runs `vllm_worker.WeightSync`. Checkpoints and resumes load files; a relaunched replica
+worker runs `vllm_worker.WeightSync`; every transport's load ends in `vllm_reload.reload_in_place`
+and sends what `tensors.sent_tensors` picks. Checkpoints and resumes load files; a relaunched replica
 starts from files and its transport brings it to the served weights (`InferencePool._resync`).
 This module stays import-light: the vLLM server command line and the flow import it.
 """

@@ -30,14 +30,10 @@ def load(
     not aborted) and holds new ones until `/resume`. `in_flight_kv`: `recompute` drops the KV and
     prefix caches (vLLM preempts the frozen requests, which recompute their KV with the new
     weights when they resume); `keep` reuses the old weights' KV. `loaded()` runs between the load
-    and `/resume`: from then on every token this replica samples is the new version's. A
-    filesystem ticket is loaded by vLLM's own `reload_weights`; the others by rlfleet's worker
-    extension (`vllm_worker.WeightSync.rlfleet_load`), `rank_base` being this replica's first rank
-    in an nccl group."""
-    if ticket["transport"] == "filesystem":
-        rpc = {"method": "reload_weights", "kwargs": {"weights_path": ticket["path"]}}
-    else:
-        rpc = {"method": "rlfleet_load", "args": [json.dumps(ticket), str(rank_base)]}
+    and `/resume`: from then on every token this replica samples is the new version's. Every
+    ticket is loaded by rlfleet's worker extension (`vllm_worker.WeightSync.rlfleet_load`),
+    `rank_base` being this replica's first rank in an nccl group."""
+    rpc = load_rpc(ticket, rank_base)
     times: dict[str, Any] = {}
     pause = {"mode": "keep", "clear_cache": str(in_flight_kv == "recompute").lower()}
     with httpx.Client(timeout=timeout_s, verify=tls()) as client:
@@ -48,9 +44,13 @@ def load(
                 loaded()
         finally:
             _post(client, f"{url}/resume", times, "resume")
-    if rpc["method"] == "rlfleet_load":  # per worker: transfer vs load_weights
-        times["workers"] = resp.json()["results"]
+    times["workers"] = resp.json()["results"]  # per worker: transfer vs load_weights
     return times
+
+
+def load_rpc(ticket: dict[str, Any], rank_base: int = 1) -> dict[str, Any]:
+    """The `collective_rpc` body that loads `ticket` on every worker of a replica."""
+    return {"method": "rlfleet_load", "args": [json.dumps(ticket), str(rank_base)]}
 
 
 def _post(client: httpx.Client, url: str, times: dict[str, Any], name: str, **kwargs) -> httpx.Response:

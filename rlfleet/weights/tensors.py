@@ -1,4 +1,5 @@
-"""Parameters as one flat layout: what the cuda_ipc and nccl transports move instead of files.
+"""What the trainer sends (`sent_tensors`, for every transport), and parameters as one flat layout:
+what the cuda_ipc and nccl transports move instead of files.
 
 A layout is a list of `[name, bucket, offset, shape]` in elements of one dtype (vLLM's); buckets
 bound the size of one contiguous buffer. The trainer fills buffers from its state dict, a vLLM
@@ -11,14 +12,38 @@ import math
 from collections.abc import Iterator
 
 import torch
+from transformers import PreTrainedModel
 
 from rlfleet.trainer.checkpoint import hf_model
 
 BUCKET_BYTES = 1 << 30
 
 
+def sent_tensors(lm: PreTrainedModel, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What every transport sends of the HF model `lm`'s state dict `sd` (files and broadcasts).
+
+    - transformers' names and layouts: vLLM's `load_weights` maps and fuses them (q/k/v, gate/up).
+      MoE experts go as transformers holds them, fused [experts, 2 x inter, hidden] gate|up and
+      [experts, hidden, inter] down: vLLM's loader takes them as they are, `from_pretrained` too.
+    - Persistent buffers are checkpoint content and go (DeepSeek-style routers keep a bias as one);
+      rotary `inv_freq` is non-persistent, never in a state dict, and vLLM derives its own
+      `cos_sin_cache` (`vllm_reload` keeps vLLM from warning that it was not loaded).
+    - A tied LM head (`tie_word_embeddings`) is not sent: vLLM ties it to the embedding itself and
+      skips the name. The trainer must hold one tensor for both, else the served head would silently
+      not be the trained one.
+    - The trainer's dtype (fp32 masters stay fp32 here): a file keeps it and vLLM's loader casts, a
+      cuda_ipc/nccl layout casts to vLLM's dtype as it fills (`fill`); both round to nearest.
+    """
+    if not getattr(getattr(lm, "config", None), "tie_word_embeddings", False):
+        return dict(sd)
+    head, embed = lm.get_output_embeddings(), lm.get_input_embeddings()
+    if head is not None and head.weight is not embed.weight:
+        raise ValueError("tie_word_embeddings is set but the trainer's LM head is not its embedding")
+    return {k: v for k, v in sd.items() if k != "lm_head.weight"}
+
+
 def full_state_dict(model: torch.nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
-    """HF names -> full tensors on the trainer's device (gathered when the model is FSDP-sharded)."""
+    """`sent_tensors` as full tensors on the trainer's device (gathered when FSDP-sharded)."""
     lm = hf_model(model)
     if sharded:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -26,9 +51,7 @@ def full_state_dict(model: torch.nn.Module, sharded: bool) -> dict[str, torch.Te
         sd = get_model_state_dict(lm, options=StateDictOptions(full_state_dict=True))
     else:
         sd = dict(lm.state_dict())
-    if getattr(lm.config, "tie_word_embeddings", False):
-        sd.pop("lm_head.weight", None)  # vLLM ties it to the embedding itself
-    return sd
+    return sent_tensors(lm, sd)
 
 
 def make_layout(sd: dict[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int = BUCKET_BYTES) -> list:

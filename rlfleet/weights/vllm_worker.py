@@ -1,5 +1,6 @@
 """rlfleet's methods inside each vLLM worker (`--worker-extension-cls`), reached by
-`POST /collective_rpc {"method": "rlfleet_load", "args": [<ticket JSON>]}` on every worker.
+`POST /collective_rpc {"method": "rlfleet_load", "args": [<ticket JSON>]}` on every worker: every
+transport's ticket, the filesystem's included, ends in `vllm_reload.reload_in_place`.
 
 Loaded inside vLLM's worker processes: it imports this package's transport modules (torch and
 rlfleet's engine packages), never Prefect.
@@ -18,10 +19,14 @@ class WeightSync:
     """Mixed into vLLM's Worker: `self.device`, `self.rank` and `self.model_runner` are vLLM's."""
 
     def rlfleet_load(self, ticket_json: str, rank_base: str = "1") -> dict[str, Any]:
+        """Load a ticket's weights in place (`vllm_reload.reload_in_place`, for every transport)."""
         ticket = json.loads(ticket_json)
         t0 = time.perf_counter()
         device = getattr(self, "device", torch.device("cpu"))
-        if ticket["transport"] == "cuda_ipc":
+        buckets = None
+        if ticket["transport"] == "filesystem":
+            weights = self._rlfleet_files(ticket["path"])
+        elif ticket["transport"] == "cuda_ipc":
             from rlfleet.weights.cuda_ipc import open_buffers
 
             buckets = open_buffers(ticket, device)
@@ -36,23 +41,44 @@ class WeightSync:
                 raise
         else:
             raise ValueError(f"rlfleet_load: unknown transport {ticket['transport']!r}")
+        if buckets is not None:
+            from rlfleet.weights.tensors import views
+
+            weights = views(buckets, ticket["layout"])
         got = time.perf_counter()
-        from vllm.model_executor.model_loader.reload import (
-            finalize_layerwise_reload,
-            initialize_layerwise_reload,
-        )
+        from rlfleet.weights.vllm_reload import reload_in_place
 
-        from rlfleet.weights.tensors import views
-
-        # vLLM's own weight-update path (what its weight-transfer engines call around load_weights)
-        model = self.model_runner.model
-        initialize_layerwise_reload(model)
-        model.load_weights(views(buckets, ticket["layout"]))
-        finalize_layerwise_reload(model, self.model_config)
+        reload_in_place(self.model_runner.model, self.model_config, weights)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         del buckets
         return {"step": ticket["step"], "transfer_s": got - t0, "load_s": time.perf_counter() - got}
+
+    def _rlfleet_files(self, path: str):
+        """The HF files at `path` as vLLM's loader reads them: what its own `reload_weights` does
+        with a `weights_path`, model config included."""
+        from vllm.model_executor.model_loader import get_model_loader
+
+        mc = self.model_config
+        mc.model, mc.model_weights, mc.revision = path, "", None
+        return get_model_loader(self.load_config).get_all_weights(mc, self.model_runner.model)
+
+    def rlfleet_params(self) -> dict[str, list]:
+        """Every parameter and buffer of the served model: name -> [shape, dtype, sha1 of its
+        bytes]. A load keeps names, shapes and dtypes as vLLM's own loader built them, and the
+        bytes too when the weights are the same (tests/archmatrix.py)."""
+        import hashlib
+
+        model = self.model_runner.model
+        out = {}
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            data = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+            out[name] = [
+                list(t.shape),
+                str(t.dtype).removeprefix("torch."),
+                hashlib.sha1(data.numpy()).hexdigest(),
+            ]
+        return out
 
     def _rlfleet_group(self, ticket: dict[str, Any], rank_base: int, device: torch.device):
         """This worker's member of the trainer's group; rebuilt when a new trainer names a new one."""
