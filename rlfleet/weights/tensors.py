@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
-from rlfleet.trainer.checkpoint import hf_model
+from rlfleet.trainer.hf_export import hf_model
 
 BUCKET_BYTES = 1 << 30
 
