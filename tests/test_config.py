@@ -324,3 +324,28 @@ def test_bad_batch_shaping_fails_at_load_naming_the_field(argv, expected):
     with pytest.raises(ConfigError) as ei:
         load(RLConfig, ["--model.path", "m", *argv])
     assert expected in str(ei.value)
+
+
+def test_an_ablation_over_loss_type_gives_each_point_its_types_defaults(tmp_path):
+    """The grid re-validates what the user set, so a point's `loss.type` picks its own clip range
+    and aggregation; a value the user set stays set."""
+    from rlfleet.config.grid import expand_grid
+
+    base = load(RLConfig, ["--model.path", str(tmp_path), "--output-dir", str(tmp_path / "out")])
+    points = {
+        o["loss.type"]: cfg.loss
+        for _, o, cfg in expand_grid(base, {"loss.type": ["grpo", "gspo", "dr_grpo"]})
+    }
+    assert (points["grpo"].clip_low, points["grpo"].clip_high, points["grpo"].aggregation) == (
+        0.2,
+        0.28,
+        "token_mean",
+    )
+    assert (points["gspo"].clip_low, points["gspo"].clip_high) == (3e-4, 4e-4)
+    assert points["gspo"].aggregation == "seq_mean_token_mean" and points["dr_grpo"].aggregation == "constant"
+    pinned = load(
+        RLConfig,
+        ["--model.path", str(tmp_path), "--output-dir", str(tmp_path / "o"), "--loss.clip-high", "0.3"],
+    )
+    ((_, _, gspo),) = expand_grid(pinned, {"loss.type": ["gspo"]})
+    assert (gspo.loss.clip_low, gspo.loss.clip_high) == (3e-4, 0.3)
