@@ -21,7 +21,8 @@ from rlfleet.trainer.checkpoint import CheckpointManager
 from rlfleet.trainer.files import latest_checkpoint, read_trainer_error
 from rlfleet.trainer.loop import record_trainer_error
 from rlfleet.trainer.parallel import Parallel
-from rlfleet.weights.filesystem import newest_weights, publish_weights
+from rlfleet.weights.filesystem import publish_weights
+from rlfleet.weights.tickets import newest_weights
 
 
 @pytest.fixture

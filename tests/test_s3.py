@@ -29,7 +29,8 @@ from rlfleet.store import CorruptArtifact, RunStore, cache_root, stage, step_dir
 from rlfleet.trainer.checkpoint import CheckpointManager, prune_checkpoints
 from rlfleet.trainer.files import latest_checkpoint, prune_steps
 from rlfleet.trainer.parallel import Parallel
-from rlfleet.weights.filesystem import newest_weights, publish_weights
+from rlfleet.weights.filesystem import publish_weights
+from rlfleet.weights.tickets import newest_weights
 from tests.s3server import moto_server
 
 SECRET = f"rlfleet-test-secret-{uuid.uuid4().hex}"

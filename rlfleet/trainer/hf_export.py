@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedModel
 
 from rlfleet.store import RunStore
 from rlfleet.trainer.parallel import Parallel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 TOKENIZER_FILES = (
     "tokenizer.json",
