@@ -27,9 +27,9 @@ from transformers import AutoModelForCausalLM
 
 from rlfleet.inference.pool import InferencePool
 from rlfleet.store import RunStore
-from rlfleet.trainer.checkpoint import publish_weights
 from rlfleet.weights.client import load
-from rlfleet.weights.filesystem import newest_weights
+from rlfleet.weights.filesystem import publish_weights
+from rlfleet.weights.tickets import newest_weights
 
 SHAPES = {"tiny": {}, "small": {"hidden": 512, "layers": 8, "heads": 8}}
 

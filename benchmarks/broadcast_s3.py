@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.s3serv
 from rlfleet.config.models import InferenceConfig, ModelConfig, RLConfig  # noqa: E402
 from rlfleet.inference.pool import InferencePool  # noqa: E402
 from rlfleet.store import RunStore, stage  # noqa: E402
-from rlfleet.trainer.checkpoint import publish_weights  # noqa: E402
 from rlfleet.trainer.tiny import make_tiny_model  # noqa: E402
 from rlfleet.weights.client import load  # noqa: E402
-from rlfleet.weights.filesystem import newest_weights  # noqa: E402
+from rlfleet.weights.filesystem import publish_weights  # noqa: E402
+from rlfleet.weights.tickets import newest_weights  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.s3server import moto_server  # noqa: E402
 

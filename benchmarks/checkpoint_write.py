@@ -2,7 +2,7 @@
 
 Builds the trainer as `rlfleet rl` does (FSDP2 on one rank: a GPU, or a gloo group on the CPU),
 takes one AdamW step so the optimizer holds its state, then saves `--reps` checkpoints through the
-trainer's `Checkpointer`: the seconds the step is held (copy to host memory) and the background
+trainer's `CheckpointManager`: the seconds the step is held (copy to host memory) and the background
 write, split by the trainer's own log line into HF export / trainer state (DCP) / checksums and
 publish. The peer is what a user's own loop would do: `torch.save` of the model's and optimizer's
 state dicts, one file. `--variants before,now` also times the writer as it was before 2026-11-24
@@ -30,7 +30,7 @@ from gpu_loop import SHAPES  # noqa: E402
 from rlfleet.config.loader import load  # noqa: E402
 from rlfleet.config.models import TrainerJobConfig  # noqa: E402
 from rlfleet.store import RunStore  # noqa: E402
-from rlfleet.trainer.checkpointer import Checkpointer  # noqa: E402
+from rlfleet.trainer.checkpoint import CheckpointManager  # noqa: E402
 from rlfleet.trainer.loop import build  # noqa: E402
 from rlfleet.trainer.tiny import make_tiny_model  # noqa: E402
 from rlfleet.trainer.train import accumulate, optimizer_step  # noqa: E402
@@ -100,10 +100,10 @@ def main() -> None:
         for variant in sorted(a.variants.split(","), key=lambda v: v == "before"):
             if variant == "before":
                 as_before()
-            ckpt = Checkpointer(store, str(model_dir), keep=1, par=par)
+            ckpt = CheckpointManager(store, par, policy, optimizer, str(model_dir), keep=1, interval=1)
             for _ in range(a.reps):
                 t0 = time.perf_counter()
-                held = ckpt.save(step, policy, optimizer, {"next_step": step + 1})
+                held = ckpt.save(step, {"next_step": step + 1})
                 ckpt.wait()
                 total = time.perf_counter() - t0
                 size = sum(f.stat().st_size for f in store.local_path(f"checkpoints/step_{step}").rglob("*"))

@@ -97,6 +97,7 @@ def run_rl(cfg: RLConfig) -> tuple[list[dict[str, Any]], float]:
 
     # as `rlfleet rl` does: the temporary server's telemetry heartbeat otherwise logs SQLite lock errors
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")  # a busy box
     t0 = time.perf_counter()
     state = rl(config=cfg, return_state=True)
     wall = time.perf_counter() - t0

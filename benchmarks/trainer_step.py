@@ -26,7 +26,7 @@ from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import publish_rollout, single_turn
 from rlfleet.store import RunStore
-from rlfleet.trainer.loop import run_trainer
+from rlfleet.trainer.rl import run_trainer
 from rlfleet.trainer.tiny import build_tokenizer, tiny_config
 
 SIZES = {  # (hidden, layers, heads)

@@ -158,7 +158,7 @@ def _trainer(argv: Sequence[str]) -> int:
 
         run_bench(cfg)
         return 0
-    from rlfleet.trainer.loop import run_trainer
+    from rlfleet.trainer.rl import run_trainer
 
     run_trainer(cfg)
     return 0

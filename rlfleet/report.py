@@ -133,8 +133,9 @@ NOT_TRAIN = {"step", "reward_mean", "step_seconds", "max_staleness", "policy_ste
 
 def wandb_metrics(record: dict[str, Any], metrics: dict[str, Any]) -> dict[str, float]:
     """One key per metric, grouped: `train/` (the trainer's), `rollout/` (reward, errors, staleness,
-    each env's reward functions and metrics), `timing/` (the step, inside vLLM / the trainer / the
-    broadcast, and each phase as the flow saw it), `eval/<env>/` on eval steps."""
+    each env's reward functions and metrics, batch shaping's counts), `timing/` (the step, inside
+    vLLM / the trainer / the broadcast, and each phase as the flow saw it), `eval/<env>/` on eval
+    steps."""
     out = {f"train/{k}": v for k, v in metrics.items() if k not in NOT_TRAIN}
     out |= {
         "rollout/reward_mean": record["mean_reward"],
@@ -142,6 +143,7 @@ def wandb_metrics(record: dict[str, Any], metrics: dict[str, Any]) -> dict[str, 
         "rollout/staleness_max": record["max_staleness"],
     }
     out |= {f"rollout/{k}": v for k, v in record["env_metrics"].items()}
+    out |= {f"rollout/{k}": v for k, v in record.get("shaping", {}).items()}
     out |= {f"timing/{k}": record[k] for k in TIMING}
     out |= {f"timing/phase_{k}": v for k, v in record["phase_seconds"].items()}
     out |= {f"eval/{env}/{k}": v for env, scores in record.get("eval", {}).items() for k, v in scores.items()}

@@ -14,8 +14,10 @@ from typing import Any
 import torch
 
 from rlfleet.batches import micro_batches
+from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import TrainerConfig
 from rlfleet.orchestrator.rollout import single_turn
+from rlfleet.trainer.losses.objective import PolicyLoss
 from rlfleet.trainer.parallel import Parallel, parallelize, setup, teardown
 from rlfleet.trainer.train import Policy, load_model, make_optimizer, train_step
 from rlfleet.weights.tensors import full_state_dict
@@ -42,7 +44,7 @@ def step(model_dir: str, par: Parallel | None) -> dict[str, Any]:
         parallelize(policy, par, TC)
     opt = make_optimizer(policy, TC)
     micro, n = batch()
-    metrics = train_step(policy, opt, micro, n, TC, par=par)
+    metrics = train_step(policy, opt, micro, PolicyLoss(LossConfig(), n), TC.max_grad_norm, par=par)
     sent = full_state_dict(policy, sharded=par is not None and par.enabled)
     return {"loss": metrics["loss"], "sent": {k: v.detach().to("cpu", copy=True) for k, v in sent.items()}}
 

@@ -32,9 +32,11 @@ from typing import Any
 import torch
 
 from rlfleet.batches import micro_batches
+from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import InferenceJobConfig, ModelConfig, TrainerConfig
 from rlfleet.orchestrator.rollout import single_turn
 from rlfleet.store import RunStore
+from rlfleet.trainer.losses.objective import PolicyLoss
 from rlfleet.trainer.parallel import Parallel
 from rlfleet.trainer.tiny import make_tiny_model
 from rlfleet.trainer.train import LM_HEAD_CHUNK, Policy, load_model, make_optimizer, train_step
@@ -291,7 +293,7 @@ def rl_step(policy: Policy, opt: torch.optim.Optimizer, engine: Any, tc: Trainer
         for i, (ids, lps) in enumerate(samples)
     ]
     n = sum(sum(r["loss_mask"]) for r in recs)
-    return train_step(policy, opt, micro_batches(recs, 0, 4), n, tc)
+    return train_step(policy, opt, micro_batches(recs, 0, 4), PolicyLoss(LossConfig(), n), tc.max_grad_norm)
 
 
 def off(a: list[float], b: list[float]) -> float:

@@ -12,8 +12,8 @@ from transformers import AutoTokenizer, PreTrainedModel
 
 from rlfleet.config.models import SFTConfig
 from rlfleet.net import tls
-from rlfleet.trainer.loss import sft_loss, token_logprobs
-from rlfleet.trainer.sft_data import Example, encode, load_dataset, micro_batches, num_targets, pad_id
+from rlfleet.trainer.loss import num_targets, sft_loss, token_logprobs
+from rlfleet.trainer.sft_data import Example, encode, load_dataset, micro_batches, pad_id
 from rlfleet.trainer.train import load_model
 
 

@@ -279,3 +279,73 @@ def test_type_defaults_and_the_old_trainer_keys():
         load(RLConfig, ["--model.path", "m", "--trainer.lr-schedule", "cosine"]).trainer.lr_schedule.decay
         == "cosine"
     )
+
+
+# -- [orchestrator.shaping] -----------------------------------------------------------------------
+def test_batch_shaping_is_off_by_default_and_loads_from_toml(tmp_path):
+    shaping = load(RLConfig, ["--model.path", "m"]).orchestrator.shaping
+    assert (shaping.dynamic_sampling, shaping.overlong, shaping.refill_cap(16)) == (False, "none", 16)
+    f = _write(
+        tmp_path,
+        "s.toml",
+        '[orchestrator.shaping]\ndynamic_sampling = true\nmax_refill = 4\noverlong = "soft"\n'
+        "overlong_buffer = 4\n",
+    )
+    cfg = load(RLConfig, ["--model.path", "m", "@", f])
+    assert cfg.orchestrator.shaping.refill_cap(16) == 4 and cfg.orchestrator.shaping.overlong_buffer == 4
+    assert RLConfig.model_validate(tomllib.loads(to_toml(cfg))) == cfg
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["--orchestrator.shaping.overlong", "soft", "--orchestrator.shaping.overlong-buffer", "16"],
+            "orchestrator: shaping.overlong_buffer (16) must be below max_tokens (16)",
+        ),
+        (
+            ["--orchestrator.shaping.overlong", "soft"],
+            "orchestrator.shaping: overlong = 'soft' needs overlong_buffer",
+        ),
+        (
+            ["--orchestrator.shaping.overlong-buffer", "4"],
+            "orchestrator.shaping: overlong_buffer applies only with overlong = 'soft' (got 'none')",
+        ),
+        (
+            ["--orchestrator.shaping.max-refill", "4"],
+            "orchestrator.shaping: max_refill applies only with dynamic_sampling = true",
+        ),
+        (["--orchestrator.shaping.overlong", "cut"], "orchestrator.shaping.overlong"),
+        (["--orchestrator.shaping.max-refill", "-1"], "orchestrator.shaping.max_refill"),
+        (["--orchestrator.shaping.dynamic-sampling", "yes please"], "orchestrator.shaping.dynamic_sampling"),
+    ],
+)
+def test_bad_batch_shaping_fails_at_load_naming_the_field(argv, expected):
+    with pytest.raises(ConfigError) as ei:
+        load(RLConfig, ["--model.path", "m", *argv])
+    assert expected in str(ei.value)
+
+
+def test_an_ablation_over_loss_type_gives_each_point_its_types_defaults(tmp_path):
+    """The grid re-validates what the user set, so a point's `loss.type` picks its own clip range
+    and aggregation; a value the user set stays set."""
+    from rlfleet.config.grid import expand_grid
+
+    base = load(RLConfig, ["--model.path", str(tmp_path), "--output-dir", str(tmp_path / "out")])
+    points = {
+        o["loss.type"]: cfg.loss
+        for _, o, cfg in expand_grid(base, {"loss.type": ["grpo", "gspo", "dr_grpo"]})
+    }
+    assert (points["grpo"].clip_low, points["grpo"].clip_high, points["grpo"].aggregation) == (
+        0.2,
+        0.28,
+        "token_mean",
+    )
+    assert (points["gspo"].clip_low, points["gspo"].clip_high) == (3e-4, 4e-4)
+    assert points["gspo"].aggregation == "seq_mean_token_mean" and points["dr_grpo"].aggregation == "constant"
+    pinned = load(
+        RLConfig,
+        ["--model.path", str(tmp_path), "--output-dir", str(tmp_path / "o"), "--loss.clip-high", "0.3"],
+    )
+    ((_, _, gspo),) = expand_grid(pinned, {"loss.type": ["gspo"]})
+    assert (gspo.loss.clip_low, gspo.loss.clip_high) == (3e-4, 0.3)

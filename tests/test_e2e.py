@@ -130,6 +130,14 @@ ALGORITHM = {
     "trainer.lr-schedule.warmup-steps": "1",
     "trainer.lr-schedule.decay": "cosine",
 }
+# DAPO's batch shaping rides along in the resumed, async part (its soft punishment takes rewards
+# below 0, which the first part asserts against); the steps' counts are checked there.
+SHAPING = {
+    "orchestrator.shaping.dynamic-sampling": "true",
+    "orchestrator.shaping.max-refill": "4",
+    "orchestrator.shaping.overlong": "soft",
+    "orchestrator.shaping.overlong-buffer": "4",
+}
 
 
 def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path):
@@ -165,10 +173,8 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
     metrics_before = {s: (out / f"metrics/step_{s}.json").read_bytes() for s in (0, 1)}
 
     # Same output_dir, more steps, now async (k=1): resumes at step 2, leaves steps 0-1 untouched.
-    state = rl(
-        config=rl_config(tiny_model, out, max_steps=4, **{"orchestrator.max-async-level": "1"}, **ALGORITHM),
-        return_state=True,
-    )
+    resumed = {"orchestrator.max-async-level": "1", **ALGORITHM, **SHAPING}
+    state = rl(config=rl_config(tiny_model, out, max_steps=4, **resumed), return_state=True)
     assert state.is_completed(), state
     names = asyncio.run(_task_run_names(state.state_details.flow_run_id))
     assert {"rollout-2", "rollout-3", "train-3"} <= names
@@ -190,6 +196,21 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
     assert [s["max_staleness"] for s in summary["steps"]] == [0, 0, 0, 1]
     trained = [json.loads((out / f"metrics/step_{s}.json").read_text()) for s in range(4)]
     assert all(m["lr"] > 0 and m["kl"] >= 0 for m in trained)  # the schedule's lr and the KL are logged
+    shaped = {
+        "dropped_zero_variance",
+        "refilled",
+        "zero_variance_groups",
+        "overlong",
+        "overlong_penalty_mean",
+    }
+    assert ["shaping" in s for s in summary["steps"]] == [False, False, True, True]
+    for s in (2, 3):
+        counts = summary["steps"][s]["shaping"]
+        assert set(counts) == shaped and counts == store.manifest(f"rollouts/step_{s}")["shaping"]
+        assert counts["refilled"] <= 4 and -1.0 <= counts["overlong_penalty_mean"] <= 0.0
+        assert all("overlong_penalty" in r for r in read_rollout(store, s))
+    rows, _ = history_and_config(Path(summary["wandb"]))
+    assert all({f"rollout/{k}" for k in shaped} <= set(r) for r in rows), rows
     if len(os.sched_getaffinity(0)) >= 2:  # async on a CPU box: vLLM and the trainer on their own cores
         written = {
             n: tomllib.loads((out / f"configs/{n}.toml").read_text()) for n in ("trainer", "inference")

@@ -17,7 +17,7 @@ from rlfleet.config.models import TrainerConfig
 from rlfleet.orchestrator.rollout import single_turn
 from rlfleet.trainer.lm_head import chunked_logprobs
 from rlfleet.trainer.loss import logprobs_and_entropy
-from rlfleet.trainer.losses import StepNorm, micro_batch_loss, policy_fn
+from rlfleet.trainer.losses import PolicyLoss, StepNorm, micro_batch_loss, policy_fn
 from rlfleet.trainer.train import Policy, accumulate, load_model, make_optimizer, optimizer_step, train_step
 
 
@@ -139,7 +139,9 @@ def test_default_train_step_updates_weights_as_before(tiny_model, seq_len):
         model = Policy(load_model(str(tiny_model), "float32", torch.device("cpu")))
         opt = make_optimizer(model, cfg)
         if new:
-            loss = train_step(model, opt, copy.deepcopy(micro), n, cfg)["loss"]
+            loss = train_step(
+                model, opt, copy.deepcopy(micro), PolicyLoss(LossConfig(), n), cfg.max_grad_norm
+            )["loss"]
         else:
             opt.zero_grad(set_to_none=True)
             loss = accumulate(model, copy.deepcopy(micro), frozen_fn)["loss"]

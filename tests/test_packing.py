@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from rlfleet.batches import first_fit, packed_micro_batches, padded
+from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import RLConfig, TrainerConfig
 from rlfleet.orchestrator.rollout import single_turn
+from rlfleet.trainer.losses import PolicyLoss
 from rlfleet.trainer.train import Policy, load_model, make_optimizer, train_step
 
 
@@ -97,7 +99,9 @@ def test_packed_train_step_equals_padded(tiny_model):
         torch.manual_seed(0)
         model = Policy(load_model(str(tiny_model), "float32", torch.device("cpu")))
         opt = make_optimizer(model, cfg)
-        metrics = train_step(model, opt, copy.deepcopy(micro), num_tokens, cfg)
+        metrics = train_step(
+            model, opt, copy.deepcopy(micro), PolicyLoss(LossConfig(), num_tokens), cfg.max_grad_norm
+        )
         results.append((metrics, [p.detach().clone() for p in model.parameters()]))
     (m_pad, p_pad), (m_pack, p_pack) = results
     assert abs(m_pad["loss"] - m_pack["loss"]) < 1e-5
@@ -116,7 +120,7 @@ def test_seq_len_shorter_than_model_len_is_rejected():
 
 
 def test_packed_sft_step_equals_padded(tiny_model):
-    from rlfleet.trainer.sft import sft_step
+    from rlfleet.trainer.loss import NLL
     from rlfleet.trainer.sft_data import Example, micro_batches
     from rlfleet.trainer.sft_data import packed_micro_batches as sft_packed
 
@@ -129,7 +133,7 @@ def test_packed_sft_step_equals_padded(tiny_model):
     for micro in (micro_batches(examples, 4, 0), sft_packed(examples, 2, 40, 0)):
         torch.manual_seed(0)
         model = Policy(load_model(str(tiny_model), "float32", torch.device("cpu")))
-        results.append(sft_step(model, make_optimizer(model, TrainerConfig()), micro, 1.0))
+        results.append(train_step(model, make_optimizer(model, TrainerConfig()), micro, NLL(micro), 1.0))
     assert results[0]["loss_tokens"] == results[1]["loss_tokens"] == sum(sum(e.loss_mask) for e in examples)
     assert abs(results[0]["loss"] - results[1]["loss"]) < 1e-5
     assert abs(results[0]["grad_norm"] - results[1]["grad_norm"]) < 1e-4
@@ -159,7 +163,7 @@ def test_warm_up_leaves_parameters_grads_and_rng_as_they_were(tiny_model):
             init_optimizer_state(optimizer)
             assert len(optimizer.state) == len(list(model.parameters()))
         micro = packed_micro_batches(recs, pad_id=0, seq_len=48, rows_per_micro=2)
-        metrics = train_step(model, optimizer, micro, num_tokens, cfg)
+        metrics = train_step(model, optimizer, micro, PolicyLoss(LossConfig(), num_tokens), cfg.max_grad_norm)
         results.append((metrics["loss"], [p.detach().clone() for p in model.parameters()]))
     (cold_loss, cold), (warm_loss, warm) = results
     assert cold_loss == warm_loss

@@ -17,10 +17,12 @@ from rlfleet.runs.lock import acquire_run_lock, release_run_lock
 from rlfleet.runs.resume import resume_step
 from rlfleet.runs.status import spans, status
 from rlfleet.store import RunStore
-from rlfleet.trainer.checkpoint import publish_weights, snapshot_checkpoint
+from rlfleet.trainer.checkpoint import CheckpointManager
 from rlfleet.trainer.files import latest_checkpoint, read_trainer_error
 from rlfleet.trainer.loop import record_trainer_error
-from rlfleet.weights.filesystem import newest_weights
+from rlfleet.trainer.parallel import Parallel
+from rlfleet.weights.filesystem import publish_weights
+from rlfleet.weights.tickets import newest_weights
 
 
 @pytest.fixture
@@ -28,8 +30,10 @@ def store_with_checkpoints(tiny_model, tmp_path):
     store = RunStore(tmp_path / "run")
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     opt = torch.optim.AdamW(model.parameters())
+    ckpt = CheckpointManager(store, Parallel(), model, opt, str(tiny_model), keep=0, interval=2)
     for step in (1, 3):
-        snapshot_checkpoint(store, step, model, opt, {"next_step": step + 1}, str(tiny_model))()
+        ckpt.save(step, {"next_step": step + 1}, last=True)
+    ckpt.close()
     return store
 
 
@@ -141,6 +145,27 @@ def test_a_multi_node_trainer_fails_on_its_own_jobs_error_not_on_the_one_a_resum
     assert trainer.failure(store, 6) is None  # an error of an earlier step is not this step's
 
 
+def test_torchrun_ranks_fail_fast_on_the_deterministic_error_they_recorded(tmp_path, monkeypatch):
+    """The SFT task's torchrun ranks: a non-zero exit is a TrainerDied (retried), unless a rank
+    recorded an error that will recur in this launch; then a DeterministicError leads with it."""
+    import sys
+
+    from rlfleet.trainer import launch
+
+    store = RunStore(tmp_path)
+    record_trainer_error(store, 1, ValueError("an earlier attempt's"))  # not this launch's
+    child = "import sys; sys.exit(1)"
+    monkeypatch.setattr(launch, "torchrun_cmd", lambda nproc, argv: [sys.executable, "-c", child])
+    with pytest.raises(launch.TrainerDied, match="sft exited with code 1"):
+        launch.run_torchrun(["sft"], ["0", "1"], str(tmp_path), "sft")
+    child = (
+        "import sys; from rlfleet.store import RunStore; from rlfleet.trainer.loop import "
+        f"record_trainer_error as r; r(RunStore({str(tmp_path)!r}), 3, ValueError('bad row 7')); sys.exit(1)"
+    )
+    with pytest.raises(DeterministicError, match="ValueError at step 3: bad row 7\nsft exited with code 1"):
+        launch.run_torchrun(["sft"], ["0", "1"], str(tmp_path), "sft")
+
+
 def test_prefect_retries_transient_failures_only(prefect_api):
     from prefect import flow, task
 
@@ -200,9 +225,6 @@ def test_background_checkpoint_holds_the_state_at_save_and_failures_surface(
     not at the write; a failed write raises in the trainer's thread, naming the step."""
     import threading
 
-    from rlfleet.trainer.checkpointer import Checkpointer
-    from rlfleet.trainer.parallel import Parallel
-
     store = RunStore(tmp_path / "run")
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     opt = torch.optim.AdamW(model.parameters())
@@ -213,8 +235,8 @@ def test_background_checkpoint_holds_the_state_at_save_and_failures_surface(
 
     release, real_publish = threading.Event(), store.publish_dir
     monkeypatch.setattr(store, "publish_dir", lambda *a, **k: release.wait(30) and real_publish(*a, **k))
-    ckpt = Checkpointer(store, str(tiny_model), keep=0, par=Parallel())
-    ckpt.save(1, model, opt, {"next_step": 2})
+    ckpt = CheckpointManager(store, Parallel(), model, opt, str(tiny_model), keep=0, interval=1)
+    ckpt.save(1, {"next_step": 2})
     with torch.no_grad():  # the next step changes everything while the write is held back
         for p in model.parameters():
             p.add_(1.0)
@@ -236,7 +258,7 @@ def test_background_checkpoint_holds_the_state_at_save_and_failures_surface(
         raise OSError("disk full")
 
     monkeypatch.setattr(store, "publish_dir", broken)
-    ckpt.save(3, model, opt, {"next_step": 4})
+    ckpt.save(3, {"next_step": 4})
     with pytest.raises(RuntimeError, match="writing checkpoint 3 failed: disk full"):
         for _ in range(100):
             ckpt.check()

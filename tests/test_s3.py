@@ -26,14 +26,11 @@ from transformers import AutoModelForCausalLM
 from rlfleet.config.checks import check_output_dir
 from rlfleet.runs.resume import resume_step
 from rlfleet.store import CorruptArtifact, RunStore, cache_root, stage, step_dir
-from rlfleet.trainer.checkpoint import (
-    latest_checkpoint,
-    prune_checkpoints,
-    prune_weights,
-    publish_weights,
-    snapshot_checkpoint,
-)
-from rlfleet.weights.filesystem import newest_weights
+from rlfleet.trainer.checkpoint import CheckpointManager, prune_checkpoints
+from rlfleet.trainer.files import latest_checkpoint, prune_steps
+from rlfleet.trainer.parallel import Parallel
+from rlfleet.weights.filesystem import publish_weights
+from rlfleet.weights.tickets import newest_weights
 from tests.s3server import moto_server
 
 SECRET = f"rlfleet-test-secret-{uuid.uuid4().hex}"
@@ -193,7 +190,7 @@ def test_upload_killed_midway_leaves_previous_step_newest(s3_env, tmp_path, capl
 
     # once a newer step is complete, retention removes the old one and the cut one's leftovers
     _publish(store, tmp_path, "weights/step_2", {"config.json": b"{}", "model.safetensors": b"w2"})
-    assert prune_weights(store, keep=1) == [0, 1]
+    assert prune_steps(store, "weights", keep=1) == [0, 1]
     assert store.complete_steps("weights") == [2] and store.step_dirs("weights") == [2]
 
 
@@ -242,11 +239,13 @@ def test_retention_keeps_last_n_and_the_resume_checkpoint(s3_env, tiny_model, ca
     opt = torch.optim.AdamW(model.parameters())
 
     def ckpt(step: int) -> None:
-        snapshot_checkpoint(store, step, model, opt, {"next_step": step + 1}, str(tiny_model))()
+        manager = CheckpointManager(store, Parallel(), model, opt, str(tiny_model), keep=0, interval=1)
+        manager.save(step, {"next_step": step + 1}, last=True)
+        manager.close()
 
     for step in range(5):
         publish_weights(store, step, model, str(tiny_model))
-        prune_weights(store, keep=2)
+        prune_steps(store, "weights", keep=2)
     assert store.complete_steps("weights") == [3, 4]
 
     for step in range(4):

@@ -19,7 +19,7 @@ from rlfleet.config.schedule import LRScheduleConfig
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import publish_rollout, single_turn
 from rlfleet.store import RunStore
-from rlfleet.trainer import loop
+from rlfleet.trainer import loop, rl
 from rlfleet.trainer.schedule import lr_factor, make_scheduler
 
 
@@ -95,12 +95,12 @@ def test_a_resumed_trainer_continues_the_schedule_exactly(tiny_model, tmp_path, 
             loss=LossConfig(type="dr_grpo", kl_coef=0.05, entropy_coef=0.01, is_correction="token_tis"),
         )
 
-    runs, real = {}, loop._train_one
+    runs, real = {}, rl.load_micro_batches
 
-    def dies_at_3(store, cfg, step, *args, **kw):
+    def dies_at_3(store, step):
         if step == 3:
             raise RuntimeError("killed")
-        real(store, cfg, step, *args, **kw)
+        return real(store, step)
 
     starts = []
     monkeypatch.setattr(loop, "make_scheduler", lambda *a: starts.append(a[-1]) or make_scheduler(*a))
@@ -108,11 +108,11 @@ def test_a_resumed_trainer_continues_the_schedule_exactly(tiny_model, tmp_path, 
         out = tmp_path / name
         _publish(RunStore(out), 6)
         if name == "resumed":
-            monkeypatch.setattr(loop, "_train_one", dies_at_3)
+            monkeypatch.setattr(rl, "load_micro_batches", dies_at_3)
             with pytest.raises(RuntimeError, match="killed"):
-                loop.run_trainer(job(out))
-            monkeypatch.setattr(loop, "_train_one", real)
-        loop.run_trainer(job(out))
+                rl.run_trainer(job(out))
+            monkeypatch.setattr(rl, "load_micro_batches", real)
+        rl.run_trainer(job(out))
         runs[name] = _metrics(out, range(6))
     assert starts == [0, 0, 3]  # the relaunch resumed from checkpoint 2
     straight, resumed = runs["straight"], runs["resumed"]
@@ -152,7 +152,7 @@ def test_sft_follows_the_schedule_and_resumes_it(tiny_model, tmp_path, monkeypat
     ]
     args += ["--trainer.lr-schedule.decay", "linear", "--trainer.lr-schedule.min-lr-ratio", "0.2"]
     straight = engine.run_sft(example_config(tiny_model, tmp_path / "a", *args), progress=False)
-    real = engine.sft_step
+    real = engine.step_batches
 
     def dies_at_3(*a, **kw):
         if len(calls) == 3:
@@ -161,11 +161,11 @@ def test_sft_follows_the_schedule_and_resumes_it(tiny_model, tmp_path, monkeypat
         return real(*a, **kw)
 
     calls: list[int] = []
-    monkeypatch.setattr(engine, "sft_step", dies_at_3)
+    monkeypatch.setattr(engine, "step_batches", dies_at_3)
     cfg = example_config(tiny_model, tmp_path / "b", *args)
     with pytest.raises(RuntimeError, match="killed"):
         engine.run_sft(cfg, progress=False)
-    monkeypatch.setattr(engine, "sft_step", real)
+    monkeypatch.setattr(engine, "step_batches", real)
     resumed = engine.run_sft(cfg, progress=False)
     lrs = [s["lr"] for s in straight["steps"]]
     assert lrs == [cfg.trainer.lr * lr_factor(cfg.trainer.lr_schedule, 6, s) for s in range(6)]

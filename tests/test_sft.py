@@ -122,7 +122,7 @@ def test_a_task_retry_resumes_from_the_latest_checkpoint(prefect_api, tiny_model
     import rlfleet.trainer.sft as engine
     from rlfleet.flows.sft import sft
 
-    real_step, calls = engine.sft_step, []
+    real_step, calls = engine.step_batches, []
 
     def flaky_step(*args, **kwargs):
         calls.append(1)
@@ -130,7 +130,7 @@ def test_a_task_retry_resumes_from_the_latest_checkpoint(prefect_api, tiny_model
             raise RuntimeError("injected trainer crash")
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "sft_step", flaky_step)
+    monkeypatch.setattr(engine, "step_batches", flaky_step)
     out = tmp_path / "run"
     cfg = example_config(
         tiny_model,
@@ -148,6 +148,34 @@ def test_a_task_retry_resumes_from_the_latest_checkpoint(prefect_api, tiny_model
     # 3 steps before the crash, then the retry redid only what the step-1 checkpoint did not cover.
     assert len(calls) == 3 + 1 + 4
     assert RunStore(out).complete_steps("checkpoints") == [1, 3, 5]
+
+
+def test_a_trainer_error_is_recorded_and_fails_the_run_with_its_message(
+    prefect_api, tiny_model, tmp_path, monkeypatch
+):
+    """SFT records its errors as the RL trainer does (`run/trainer_error.json`, which the task reads
+    when the trainer runs as torchrun ranks): one that will recur fails the run at once, naming it."""
+    import rlfleet.trainer.sft as engine
+    from rlfleet.flows.sft import sft
+
+    real, steps = engine.step_batches, []
+
+    def bad_row(ds, tok, data, step, seed):
+        steps.append(step)
+        if step == 2:
+            raise DataError("data.path: row 7 has no assistant message")
+        return real(ds, tok, data, step, seed)
+
+    monkeypatch.setattr(engine, "step_batches", bad_row)
+    out = tmp_path / "run"
+    cfg = example_config(tiny_model, out, "--max-steps", "4", "--tasks.retry-delay-s", "0")
+    with pytest.raises(DataError, match="row 7 has no assistant message"):
+        sft(config=cfg)
+
+    assert steps == [0, 1, 2]  # deterministic: not retried
+    error = RunStore(out).read_json("run/trainer_error.json")
+    assert (error["step"], error["type"], error["deterministic"]) == (2, "DataError", True)
+    assert error["message"] == "data.path: row 7 has no assistant message"
 
 
 def test_resumed_training_matches_an_uninterrupted_run(tiny_model, tmp_path):

@@ -1,19 +1,24 @@
-"""The rollout stream's buffer: what step N may take, what a restarted controller keeps.
+"""The rollout stream's buffer: what step N may take, what a restarted controller keeps, and batch
+shaping (which groups enter it, how many prompts replace those that do not, overlong samples).
 
 The sampling half of the stream (replicas, streamed requests, in-flight loads) runs against real
 vLLM in test_e2e/test_sampler/test_faults; here the stream is built without starting its thread,
-on groups written to the run store as a controller that died would have left them.
+on groups written to the run store as a controller that died would have left them, or runs its
+thread on a fake `rollout_group` whose rewards and lengths each test scripts.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import asdict
 from typing import Any
 
 import pytest
 
 from rlfleet.config.models import OrchestratorConfig
-from rlfleet.orchestrator.rollout import single_turn
+from rlfleet.orchestrator.rollout import read_rollout, single_turn
+from rlfleet.orchestrator.shaping import cut, overlong_penalty, sampled_len
 from rlfleet.orchestrator.stream import GROUPS, Group, RolloutStream
 from rlfleet.store import RunStore
 
@@ -103,3 +108,195 @@ def test_each_env_gets_its_share_of_a_step(tmp_path):
     s = RolloutStream(cfg, store, "unused", None, lambda: 0, 0, 64, 1)
     assert s.take(1)["group_uids"] == ["0-a-0", "0-b-1", "0-a-3"]
     assert buffered(store) == {"0-b-2", "0-a-4"}
+
+
+# -- batch shaping: dynamic sampling and overlong samples, the stream's thread on a fake sampler --
+class FakeSampling:
+    """The stream's sampling half without vLLM: `script(env, example_uid, i)` gives sample i's
+    (reward, sampled tokens, finish_reason); every token comes from weights `version`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, script: Any):
+        from rlfleet.orchestrator import stream as module
+
+        class NoSampler:
+            def __init__(self, *args: Any):
+                pass
+
+            async def aclose(self) -> None:
+                pass
+
+        monkeypatch.setattr(module, "load_tokenizer", lambda path: None)
+        monkeypatch.setattr(module, "Sampler", NoSampler)
+        monkeypatch.setattr(module, "rollout_group", self.rollout_group)
+        self.script, self.version, self.started = script, -1, []
+
+    async def rollout_group(self, env: Any, example: Any, params: Any, tok: Any, sampler: Any) -> list:
+        from rlfleet.orchestrator.envs import Trajectory
+
+        self.started.append(f"{env.name}/{example.uid}")
+        await asyncio.sleep(0)
+        out = []
+        for i in range(params.n):
+            reward, n, finish = self.script(env.name, example.uid, i)
+            t = Trajectory(example, [1, 2, 3], 3, max_tokens=params.max_tokens)
+            t.extend(list(range(10, 10 + n)), [-1.0] * n)
+            turn = {"text": "x" * n, "finish_reason": finish, "start": 3, "end": 3 + n}
+            t.turns.append(turn | {"versions": [[self.version, n]]})
+            t.reward = reward
+            out.append(t)
+        return out
+
+
+THREADED = pytest.mark.timeout(60)  # a take() that never completes fails instead of hanging
+
+
+@contextlib.contextmanager
+def running(store: RunStore, fake: FakeSampling, **cfg: Any):
+    s = RolloutStream(OrchestratorConfig(**cfg), store, "unused", None, lambda: fake.version, 0, 64, 0)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def varied(env: str, uid: str, i: int) -> tuple[float, int, str]:
+    return float(i), 4, "stop"
+
+
+@THREADED
+def test_dynamic_sampling_drops_flat_groups_and_refills_each_env_with_its_own_prompts(tmp_path, monkeypatch):
+    store = RunStore(tmp_path)
+    flat = {"a/train-0-0", "b/train-1-0"}  # one group of each env carries no signal
+
+    def script(env: str, uid: str, i: int) -> tuple[float, int, str]:
+        return (0.5, 4, "stop") if f"{env}/{uid}" in flat else varied(env, uid, i)
+
+    fake = FakeSampling(monkeypatch, script)
+    envs = [{"type": "repeat", "name": "a", "weight": 2}, {"type": "repeat", "name": "b", "weight": 1}]
+    shaping = {"dynamic_sampling": True, "max_refill": 8}
+    with running(store, fake, batch_size=3, group_size=2, env=envs, shaping=shaping) as s:
+        manifest = s.take(0)
+        # a's flat group was replaced by a's next prompt (from chunk 1); b's own share was not touched
+        assert fake.started == ["a/train-0-0", "a/train-0-1", "b/train-0-0", "a/train-1-0"]
+        assert sorted(manifest["group_uids"]) == ["0-a-1", "0-b-0", "1-a-0"]
+        assert manifest["shaping"] == {"dropped_zero_variance": 1, "refilled": 1, "zero_variance_groups": 0}
+        assert manifest["stream"]["dropped_zero_variance"] == 1 and manifest["stream"]["refilled"] == 1
+        assert buffered(store) == set()  # the held group is too stale for step 1 (k = 0): gone
+        fake.version = 0  # weights 0 served: step 1's groups start, b's from the queued chunk 1
+        s.notify()
+        manifest = s.take(1)
+    assert fake.started[4:] == ["a/train-1-1", "a/train-2-0", "b/train-1-0", "b/train-2-0"]
+    assert sorted(manifest["group_uids"]) == ["1-a-1", "2-a-0", "2-b-0"]  # b's flat 1-b-0 was replaced
+    assert manifest["shaping"]["dropped_zero_variance"] == 1 and manifest["shaping"]["refilled"] == 1
+    records = read_rollout(store, 1)
+    assert [sum(r["env"] == e for r in records) for e in ("a", "b")] == [4, 2]  # 2 x group_size, 1 x
+
+
+@THREADED
+def test_a_step_is_filled_with_flat_groups_once_its_refills_are_spent(tmp_path, monkeypatch):
+    store = RunStore(tmp_path)
+    fake = FakeSampling(monkeypatch, lambda env, uid, i: (0.0, 4, "stop"))  # nothing is ever learned
+    shaping = {"dynamic_sampling": True, "max_refill": 2}
+    with running(store, fake, batch_size=2, group_size=2, shaping=shaping) as s:
+        manifest = s.take(0)
+    assert len(fake.started) == 4  # batch_size + max_refill, then the step took what it had
+    assert manifest["group_uids"] == ["0-repeat-0", "0-repeat-1"]  # the oldest held ones
+    assert manifest["shaping"] == {"dropped_zero_variance": 4, "refilled": 2, "zero_variance_groups": 2}
+    assert store.manifest("rollouts/step_0")["shaping"]["refilled"] == 2
+    assert buffered(store) == set()
+
+
+def test_a_restarted_controller_holds_flat_groups_again(tmp_path):
+    store = RunStore(tmp_path)
+    flat = Group("0-flat", "repeat", [record(0, reward=0.5), record(0, reward=0.5)], 1.0)
+    fine = Group("0-fine", "repeat", [record(0, reward=0.0), record(0, reward=1.0)], 2.0)
+    for g in (flat, fine):
+        store.write_json(f"{GROUPS}/{g.uid}.json", asdict(g))
+    shaping = {"dynamic_sampling": True, "max_refill": 0}
+    cfg = OrchestratorConfig(batch_size=1, group_size=2, max_async_level=1, shaping=shaping)
+    s = RolloutStream(cfg, store, "unused", None, lambda: 0, 0, 64, 1)
+    assert s.take(1)["group_uids"] == ["0-fine"]  # the older flat one was held, not buffered
+    assert buffered(store) == {"0-flat"}  # still within k = 1 of step 2
+    manifest = s.take(2)  # max_refill 0: held groups fill a step at once
+    assert manifest["group_uids"] == ["0-flat"] and manifest["shaping"]["zero_variance_groups"] == 1
+
+
+@THREADED
+def test_shaping_is_off_by_default(tmp_path, monkeypatch):
+    store = RunStore(tmp_path)
+    fake = FakeSampling(monkeypatch, lambda env, uid, i: (0.0, 16, "length"))
+    with running(store, fake, batch_size=2, group_size=2) as s:
+        manifest = s.take(0)
+    assert manifest["group_uids"] == ["0-repeat-0", "0-repeat-1"] and len(fake.started) == 2
+    assert "shaping" not in manifest and manifest["stream"]["dropped_zero_variance"] == 0
+    records = read_rollout(store, 0)
+    assert all(sum(r["loss_mask"]) == 16 and "overlong" not in r for r in records)
+
+
+# -- overlong samples --
+@pytest.mark.parametrize(
+    ("length", "expected"),
+    [  # L_max = 16, L_cache = 4: 0 up to 12, then (12 - len) / 4, -1 at 16 and beyond (DAPO eq. 13)
+        (0, 0.0),
+        (12, 0.0),
+        (13, -0.25),
+        (14, -0.5),
+        (15, -0.75),
+        (16, -1.0),
+        (20, -1.0),
+    ],
+)
+def test_soft_overlong_punishment_is_dapo_eq_13(length, expected):
+    assert overlong_penalty(length, max_tokens=16, buffer=4) == pytest.approx(expected)
+
+
+@THREADED
+def test_overlong_mask_zeroes_the_loss_mask_of_cut_samples_only(tmp_path, monkeypatch):
+    store = RunStore(tmp_path)
+    # samples 0 and 1 ran into max_tokens (16); 2 and 3 stopped on their own
+    fake = FakeSampling(
+        monkeypatch, lambda env, uid, i: (float(i), 16 if i < 2 else 5 + i, "length" if i < 2 else "stop")
+    )
+    with running(store, fake, batch_size=1, group_size=4, shaping={"overlong": "mask"}) as s:
+        manifest = s.take(0)
+    records = read_rollout(store, 0)
+    assert [sum(r["loss_mask"]) for r in records] == [0, 0, 7, 8]
+    assert [r["overlong"] for r in records] == [True, True, False, False]
+    assert [r["reward"] for r in records] == [0.0, 1.0, 2.0, 3.0]  # rewards and advantages unchanged
+    assert manifest["shaping"] == {"overlong": 2} and manifest["stream"]["generated_tokens"] == 47
+
+
+@THREADED
+def test_soft_overlong_shapes_rewards_before_dynamic_sampling_judges_the_group(tmp_path, monkeypatch):
+    """Every sample scores 1.0; lengths [10, 14, 16, 12] with L_max 16, L_cache 4 give penalties
+    [0, -0.5, -1, 0] by eq. 13, which tell the group's samples apart: it is kept. The same rewards
+    at one length stay flat: that group is dropped and refilled."""
+    store = RunStore(tmp_path)
+    lengths = {"train-0-0": [10, 10, 10, 10], "train-0-1": [10, 14, 16, 12], "train-1-0": [10, 14, 16, 12]}
+
+    def script(env: str, uid: str, i: int) -> tuple[float, int, str]:
+        n = lengths[uid][i]
+        return 1.0, n, "length" if n == 16 else "stop"
+
+    shaping = {"dynamic_sampling": True, "overlong": "soft", "overlong_buffer": 4}
+    with running(store, FakeSampling(monkeypatch, script), batch_size=2, group_size=4, shaping=shaping) as s:
+        manifest = s.take(0)
+    assert sorted(manifest["group_uids"]) == ["0-repeat-1", "1-repeat-0"]
+    records = read_rollout(store, 0)
+    assert [r["reward"] for r in records] == [1.0, 0.5, 0.0, 1.0] * 2
+    assert [r["overlong_penalty"] for r in records[:4]] == [0.0, -0.5, -1.0, 0.0]
+    assert manifest["shaping"] == {
+        "dropped_zero_variance": 1,
+        "refilled": 1,
+        "zero_variance_groups": 0,
+        "overlong": 2,
+        "overlong_penalty_mean": -0.375,
+    }
+
+
+def test_a_samples_length_is_its_longest_model_turn_and_a_truncated_conversation_is_cut():
+    r = record(0) | {"turns": [{"start": 3, "end": 8, "finish_reason": "stop"}, {"start": 12, "end": 21}]}
+    assert sampled_len(r) == 9 and not cut(r)
+    assert cut(r | {"truncated": True})
+    assert cut(r | {"turns": [{"start": 3, "end": 19, "finish_reason": "length"}]})

@@ -32,12 +32,12 @@ def expand_grid(base: RLConfig, grid: dict[str, list[Any]]) -> list[tuple[str, d
     for index, values in enumerate(itertools.product(*grid.values())):
         overrides = dict(zip(keys, values, strict=True))
         name = f"p{index}_{point_name(overrides)}"
-        data = base.model_dump(mode="json")
+        data = base.model_dump(mode="json", exclude_unset=True)  # defaults follow the overrides (loss.type)
         for key, value in overrides.items():
             _set_dotted(data, key, value)
         data["output_dir"] = f"{base.output_dir.rstrip('/')}/{name}"
         data["run_name"] = f"{base.name}-{name}"
-        data["inference"]["port"] = base.inference.port + index * PORT_STRIDE
+        data.setdefault("inference", {})["port"] = base.inference.port + index * PORT_STRIDE
         try:
             cfg = validate(RLConfig, data)
         except ConfigError as e:

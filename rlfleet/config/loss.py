@@ -84,22 +84,19 @@ class LossConfig(Strict):
         2.0, gt=0.0, description="*_tis: the weight's cap C; *_mis: weights above leave the loss."
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _type_defaults(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        kind = data.get("type", "grpo")
-        low, high = CLIP_DEFAULTS.get(kind, CLIP_DEFAULTS["grpo"])
-        data = dict(data)
+    @model_validator(mode="after")
+    def _type_defaults(self) -> LossConfig:
+        """Fill what the user left unset from the type, outside `model_fields_set`: a config dumped
+        with `exclude_unset` and given another type (an ablation grid) gets that type's defaults."""
+        low, high = CLIP_DEFAULTS.get(self.type, CLIP_DEFAULTS["grpo"])
         for key, default in (
             ("clip_low", low),
             ("clip_high", high),
-            ("aggregation", AGGREGATION_DEFAULTS.get(kind, "token_mean")),
+            ("aggregation", AGGREGATION_DEFAULTS.get(self.type, "token_mean")),
         ):
-            if data.get(key) is None:
-                data[key] = default
-        return data
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, default)
+        return self
 
     @field_validator("type")
     @classmethod

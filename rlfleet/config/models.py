@@ -24,6 +24,7 @@ from rlfleet.config.deployment import (
 from rlfleet.config.envs import EnvList, EvalEnvList, RepeatEnvConfig, RepeatEvalEnv, env_name, split_counts
 from rlfleet.config.loss import WithLoss
 from rlfleet.config.schedule import LRScheduleConfig
+from rlfleet.config.shaping import ShapingConfig
 from rlfleet.config.weights import WeightsConfig, check_transport
 
 
@@ -114,9 +115,11 @@ class OrchestratorConfig(Strict):
         description="A request fails when no token arrives for this long (a replica hung); a long generation "
         "that makes progress never does.",
     )
+    shaping: ShapingConfig = Field(default_factory=ShapingConfig, description="Batch shaping (DAPO).")
 
     @model_validator(mode="after")
-    def _shares(self) -> OrchestratorConfig:
+    def _shares_and_shaping(self) -> OrchestratorConfig:
+        self.shaping.check(self.max_tokens)
         empty = [env_name(e) for e, c in zip(self.env, self.env_counts(), strict=True) if c == 0]
         if empty:
             raise ValueError(

@@ -244,6 +244,8 @@ def _step(
         "stream": roll.get("stream", {}) | {"buffered_groups": roll.get("buffered_groups", 0)},
         "finished_at": time.time(),
     }
+    if "shaping" in roll:  # orchestrator.shaping: groups dropped and refilled, overlong samples
+        record["shaping"] = roll["shaping"]
     if evaluated is not None:
         record["eval"] = {e["env"]: {k: e[k] for k in ("mean_reward", "pass@1")} for e in evaluated["envs"]}
     return record, metrics, [edge(casted)]

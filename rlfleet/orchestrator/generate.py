@@ -59,17 +59,25 @@ async def rollout_group(
         for t, s in zip(group, samples, strict=True):
             _add_turn(t, s, env, tok)
         await asyncio.gather(*(_score(env, t) for t in group))
-    else:
-        await asyncio.gather(*(_trajectory(env, t, params, tok, sampler) for t in group))
+    else:  # the first turns share their prompt: one request for all n, as a single-turn group
+        first = await sampler.sample(group[0].ids, params.n, params.max_tokens)
+        await asyncio.gather(
+            *(_trajectory(env, t, s, params, tok, sampler) for t, s in zip(group, first, strict=True))
+        )
     return group
 
 
 async def _trajectory(
-    env: Environment, t: Trajectory, params: SamplingParams, tok: PreTrainedTokenizerBase, sampler: Sampler
+    env: Environment,
+    t: Trajectory,
+    s: Sample,
+    params: SamplingParams,
+    tok: PreTrainedTokenizerBase,
+    sampler: Sampler,
 ) -> None:
-    """One multi-turn rollout: model turn, environment reply, ... until done; then its score."""
-    while not t.done:
-        (s,) = await sampler.sample(t.ids, 1, params.max_tokens)
+    """One multi-turn rollout from its first model turn `s`: environment reply, model turn, ...
+    until done; then its score."""
+    while True:
         _add_turn(t, s, env, tok)
         if t.done:
             break
@@ -82,6 +90,8 @@ async def _trajectory(
         t.extend(continuation_ids(tok, reply, env.tools_for(t.example), tail))
         if not _fits(t, params):
             t.truncated = t.done = True
+            break
+        (s,) = await sampler.sample(t.ids, 1, params.max_tokens)
     await _score(env, t)
 
 

@@ -59,6 +59,9 @@ class Replicas(Protocol):
         ...
 
 
+CLIENT_STREAMS = 32  # requests in flight per HTTP client (see Sampler._client)
+
+
 @dataclass
 class FixedReplicas:
     """Replicas whose weights do not change while sampling (eval, benchmarks, tests)."""
@@ -100,10 +103,25 @@ class Sampler:
         self.failing: Counter[str] = Counter()  # failures since the replica last finished a request
         self._urls: list[str] = []
         self._heal_lock = asyncio.Lock()
-        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None), verify=tls())
+        self._clients: list[httpx.AsyncClient] = []
+        self._streams: Counter[int] = Counter()  # per client: its requests in flight
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        for client in self._clients:
+            await client.aclose()
+
+    def _client(self) -> int:
+        """The least busy client, a new one once all have CLIENT_STREAMS requests in flight.
+
+        httpcore's pool scans every connection for every queued request on each send and close
+        (O(requests x connections)): with 256 streams on one client that was most of the
+        controller's CPU in a multi-turn step here (benchmarks/env_cost.py, cProfile); small
+        clients keep it linear in the requests in flight."""
+        i = min(range(len(self._clients)), key=self._streams.__getitem__, default=-1)
+        if i < 0 or self._streams[i] >= CLIENT_STREAMS:
+            self._clients.append(httpx.AsyncClient(limits=httpx.Limits(max_connections=None), verify=tls()))
+            i = len(self._clients) - 1
+        return i
 
     async def _pick(self) -> str:
         if not self._urls:
@@ -174,8 +192,10 @@ class Sampler:
         seen = [self.replicas.version(url)] * len(out)  # per choice: weights since its last chunk
         timeout = httpx.Timeout(30.0, read=self.stall_timeout_s)
         self.in_flight[url] += 1
+        client = self._client()
+        self._streams[client] += 1
         try:
-            async with self._client.stream(
+            async with self._clients[client].stream(
                 "POST", f"{url}/v1/completions", json=body, timeout=timeout
             ) as resp:
                 if resp.status_code != 200:
@@ -195,6 +215,7 @@ class Sampler:
                         seen[i] = self.replicas.version(url)
         finally:
             self.in_flight[url] -= 1
+            self._streams[client] -= 1
         if unfinished := sum(not s.finish_reason for s in out):
             raise SamplingError(f"{url}: the stream ended with {unfinished} of {len(out)} samples unfinished")
         self.failing[url] = 0

@@ -13,6 +13,14 @@ restarts loses no group still within bound. `take(N)` waits for each env's share
 `batch_size` groups with `N-1-k <= oldest token's version` and `newest <= N-1`, publishes them as
 `rollouts/step_N` and removes them from the buffer; groups that can no longer train any step are
 dropped and counted.
+
+Batch shaping (`orchestrator.shaping`, rules in orchestrator/shaping.py) happens where a group
+finishes. With dynamic sampling a group whose rewards all equal is held aside instead of entering
+the buffer (`dropped_zero_variance`), and the demand is counted per env, so the stream samples
+another prompt of that env in its place (`refilled`), until `max_refill` refills were started
+since the last take. Then held groups count as buffered: the step waits for its env's groups in
+flight and fills what is still missing with held ones, oldest first. Held groups are written to
+the buffer like the others (a restarted controller holds them again) and go when too stale.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from rlfleet.orchestrator.envs import load_envs
 from rlfleet.orchestrator.generate import SamplingParams, raise_if_none_scored, rollout_group
 from rlfleet.orchestrator.rollout import load_tokenizer, publish_rollout, rollout_stats, trajectory_record
 from rlfleet.orchestrator.sampler import Replicas, Sampler
+from rlfleet.orchestrator.shaping import informative, shape_overlong, step_shaping
 from rlfleet.store import RunStore
 
 log = logging.getLogger("rlfleet.orchestrator")
@@ -67,6 +76,8 @@ class Counts:
     failed: int = 0
     generated_tokens: int = 0
     resent_samples: int = 0
+    dropped_zero_variance: int = 0  # dynamic sampling: finished groups held aside
+    refilled: int = 0  # dynamic sampling: groups started in place of held ones
 
 
 class RolloutStream:
@@ -91,8 +102,12 @@ class RolloutStream:
         self.taken = next_step  # the next step take() serves
         self.counts = Counts()
         self.error: BaseException | None = None
+        self.shaping = cfg.shaping
+        self._refill_cap = cfg.shaping.refill_cap(cfg.batch_size)
         self._ready: list[Group] = []  # finished, in finish order
-        self._in_flight = 0  # groups
+        self._held: list[Group] = []  # dynamic sampling: finished with zero reward variance
+        self._in_flight = dict.fromkeys(self.counts_per_env, 0)  # groups, per env
+        self._since_take = {"dropped": 0, "refilled": 0}  # dynamic sampling, since the last take()
         self._failing = 0  # groups failed since the last one finished
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -137,16 +152,25 @@ class RolloutStream:
                 if self._stop.is_set():
                     raise TransientError("the rollout stream was stopped")
                 self._cond.wait(timeout=1.0)
+            held = [g for g in chosen if g in self._held]
             for g in chosen:
-                self._ready.remove(g)
+                (self._held if g in held else self._ready).remove(g)
             self.taken = max(self.taken, step + 1)
             waited = time.perf_counter() - t0
             buffered, counts = len(self._ready), asdict(self.counts)
+            since, self._since_take = self._since_take, {"dropped": 0, "refilled": 0}
+            self._drop_stale(step + 1, held_only=True)  # so that they stop counting for the next step
         self.notify()
         records = []
         for i, g in enumerate(chosen):
             records += [dict(r, group=i, group_uid=g.uid) for r in g.records]
         raise_if_none_scored([r["error"] for r in records])
+        if held:
+            log.info(
+                "rollout stream: step %d filled with %d zero-variance groups (max_refill spent)",
+                step,
+                len(held),
+            )
         meta = {
             "step": step,
             "policy_step": min(g.oldest for g in chosen),
@@ -160,6 +184,10 @@ class RolloutStream:
             "taken_at": time.time(),
             **rollout_stats(records),
         }
+        if self.shaping.dynamic_sampling or self.shaping.overlong != "none":
+            meta["shaping"] = step_shaping(
+                records, self.shaping, since["dropped"], since["refilled"], len(held)
+            )
         manifest = publish_rollout(self.store, step, {0: records}, meta)
         for g in chosen:
             self.store.remove(f"{GROUPS}/{g.uid}.json")
@@ -169,14 +197,25 @@ class RolloutStream:
         chosen: list[Group] = []
         for env, count in self.counts_per_env.items():
             mine = [g for g in self._ready if g.env == env and g.fits(step, k)][:count]
+            if len(mine) < count and self._refills_spent() and not self._in_flight[env]:
+                mine += [g for g in self._held if g.env == env and g.fits(step, k)][: count - len(mine)]
             if len(mine) < count:
                 return None
             chosen += mine
         return sorted(chosen, key=lambda g: g.finished_at)
 
-    def _drop_stale(self, step: int) -> None:
-        """Groups too old for `step` are too old for every later step."""
+    def _refills_spent(self) -> bool:
+        return self.shaping.dynamic_sampling and self._since_take["refilled"] >= self._refill_cap
+
+    def _drop_stale(self, step: int, held_only: bool = False) -> None:
+        """Groups too old for `step` are too old for every later step (held ones were counted
+        when they were held)."""
         k = self.cfg.max_async_level
+        for g in [g for g in self._held if g.oldest < step - 1 - k]:
+            self._held.remove(g)
+            self.store.remove(f"{GROUPS}/{g.uid}.json")
+        if held_only:
+            return
         stale = [g for g in self._ready if g.oldest < step - 1 - k]
         for g in stale:
             self._ready.remove(g)
@@ -199,8 +238,11 @@ class RolloutStream:
             if uid in taken or g.newest > next_step - 1:
                 self.store.remove(f"{GROUPS}/{uid}.json")
             else:
+                shape_overlong(g.records, self.shaping, self.cfg.max_tokens)  # if buffered unshaped
                 kept.append(g)
-        self._ready = sorted(kept, key=lambda g: g.finished_at)
+        kept.sort(key=lambda g: g.finished_at)
+        self._held = [g for g in kept if not self._admitted(g)]
+        self._ready = [g for g in kept if self._admitted(g)]
         if kept:
             log.info("rollout stream: %d buffered groups kept from an earlier controller", len(kept))
 
@@ -214,12 +256,28 @@ class RolloutStream:
                 self.error = exc
                 self._cond.notify_all()
 
-    def _wanted(self) -> int:
-        """Groups the steps up to the newest usable one still need beyond those in flight or ready."""
-        steps = self.served() + 1 + self.cfg.max_async_level - self.taken + 1
+    def _admitted(self, g: Group) -> bool:
+        return not self.shaping.dynamic_sampling or informative(g.records)
+
+    def _wanted(self) -> list[tuple[str | None, bool]]:
+        """Groups the steps up to the newest usable one still need beyond those in flight or ready,
+        as (env, refill). Without dynamic sampling env is None: the next prompt drawn, whichever
+        env's. With it each env's share is counted on its own, and a held group is replaced (a
+        refill) while `max_refill` since the last take lasts, then counted as had."""
+        steps = max(self.served() + 1 + self.cfg.max_async_level - self.taken + 1, 0)
         with self._cond:
-            have = self._in_flight + len(self._ready)
-        return max(steps, 0) * self.cfg.batch_size - have
+            if not self.shaping.dynamic_sampling:
+                have = sum(self._in_flight.values()) + len(self._ready)
+                return [(None, False)] * (steps * self.cfg.batch_size - have)
+            budget = self._refill_cap - self._since_take["refilled"]
+            out: list[tuple[str | None, bool]] = []
+            for env, count in self.counts_per_env.items():
+                need = steps * count - self._in_flight[env] - sum(g.env == env for g in self._ready)
+                held = sum(g.env == env for g in self._held)
+                refill = min(max(need, 0), held, budget)  # held groups replaced while the budget lasts
+                budget -= refill
+                out += [(env, False)] * max(need - held, 0) + [(env, True)] * refill
+            return out
 
     async def _main(self) -> None:
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
@@ -228,16 +286,16 @@ class RolloutStream:
         tasks: set[asyncio.Task] = set()
         try:
             while not self._stop.is_set():
-                for _ in range(self._wanted()):
-                    if not self._queue:  # an env may run its own event loop to draw (verifiers toolsets)
-                        await asyncio.to_thread(self._draw_chunk)
-                    env, example, uid = self._queue.pop(0)
+                for name, refill in self._wanted():
+                    env, example, uid = await self._next(name)
                     served = self.served()
                     task = asyncio.create_task(self._group(env, example, uid, served, tok, sampler))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                     with self._cond:
-                        self._in_flight += 1
+                        self._in_flight[env.name] += 1
+                        self._since_take["refilled"] += refill
+                        self.counts.refilled += refill
                         self.counts.started += 1
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -247,6 +305,15 @@ class RolloutStream:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await sampler.aclose()
+
+    async def _next(self, env: str | None) -> tuple[Any, Any, str]:
+        """The first queued prompt (of `env`, if named), drawing chunks until there is one; a
+        refill's chunk leaves the other envs' prompts queued for their next groups."""
+        while True:
+            for i, item in enumerate(self._queue):
+                if env is None or item[0].name == env:
+                    return self._queue.pop(i)
+            await asyncio.to_thread(self._draw_chunk)  # an env may run its own event loop to draw
 
     def _draw_chunk(self) -> None:
         """Prompts come in chunks of one step's worth (`batch_size`, shared among the envs by
@@ -264,7 +331,7 @@ class RolloutStream:
             trajs = await rollout_group(env, example, self.params, tok, sampler)
         except Exception as exc:
             with self._cond:
-                self._in_flight -= 1
+                self._in_flight[env.name] -= 1
                 self.counts.failed += 1
                 self._failing += 1
                 if not is_transient(exc) or self._failing >= self.cfg.batch_size:
@@ -274,12 +341,19 @@ class RolloutStream:
             self.notify()
             return
         group = Group(uid, env.name, [trajectory_record(t, 0, env.name, served) for t in trajs])
+        tokens = sum(sum(r["loss_mask"]) for r in group.records)  # before a mask shapes them
+        shape_overlong(group.records, self.shaping, self.cfg.max_tokens)
         self.store.write_json(f"{GROUPS}/{uid}.json", asdict(group))
+        admitted = self._admitted(group)
         with self._cond:
-            self._in_flight -= 1
-            self._ready.append(group)
+            self._in_flight[env.name] -= 1
+            (self._ready if admitted else self._held).append(group)
+            self.counts.dropped_zero_variance += not admitted
+            self._since_take["dropped"] += not admitted
             self._failing = 0
             self.counts.finished += 1
-            self.counts.generated_tokens += sum(sum(r["loss_mask"]) for r in group.records)
+            self.counts.generated_tokens += tokens
             self.counts.resent_samples += sum(any(t.get("resent") for t in r["turns"]) for r in group.records)
             self._cond.notify_all()
+        if not admitted:
+            self.notify()  # its replacement starts now

@@ -2,8 +2,9 @@
 as torchrun ranks on several GPUs).
 
 A retry calls `run_sft` again, which resumes one step past the latest complete checkpoint, so a
-failed attempt costs at most `checkpoint_interval` steps. The run store, not Prefect's cache,
-decides what is done, so the task is never cached.
+failed attempt costs at most `checkpoint_interval` steps; an error that will recur (the engine
+raises it, or torchrun ranks record it, see `run_torchrun`) is not retried. The run store, not
+Prefect's cache, decides what is done, so the task is never cached.
 """
 
 from __future__ import annotations

@@ -16,15 +16,15 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlfleet.config.models import TrainerJobConfig
-from rlfleet.trainer.losses import StepNorm
-from rlfleet.trainer.train import train_step
+from rlfleet.trainer.loss import NLL
+from rlfleet.trainer.losses import PolicyLoss, StepNorm
+from rlfleet.trainer.train import Objective, train_step
 
 PEAK_BF16 = {
     "H100 PCIe": 756e12,
@@ -73,24 +73,13 @@ def fake_micro_batches(
     return micro
 
 
-def _step_fn(cfg: TrainerJobConfig, loss: str, ref: Any = None) -> Callable[..., dict[str, Any]]:
+def _objective(cfg: TrainerJobConfig, loss: str, micro: list, world: int, ref: Any) -> Objective:
     if loss == "sft":
-        from rlfleet.trainer.sft import sft_step
-
-        return lambda policy, opt, micro, _, par: sft_step(policy, opt, micro, cfg.trainer.max_grad_norm, par)
+        return NLL(micro)
     b = cfg.bench
-    seqs = b.micro_batches * b.micro_batch_size
-    return lambda policy, opt, micro, n, par: train_step(
-        policy,
-        opt,
-        micro,
-        StepNorm(n, seqs * par.world, cfg.loss.normalizer or b.seq_len * seqs * par.world),
-        cfg.trainer,
-        1.0,
-        par,
-        cfg.loss,
-        ref,
-    )
+    seqs = b.micro_batches * b.micro_batch_size * world
+    tokens = len(micro) * b.micro_batch_size * (b.seq_len - 1)
+    return PolicyLoss(cfg.loss, StepNorm(tokens, seqs, cfg.loss.normalizer or b.seq_len * seqs), 1.0, ref)
 
 
 def run_bench(cfg: TrainerJobConfig, loss: str = "grpo") -> dict[str, Any]:
@@ -102,16 +91,15 @@ def run_bench(cfg: TrainerJobConfig, loss: str = "grpo") -> dict[str, Any]:
     par, policy, optimizer = build(cfg, cfg.model.path, random_init=True)
     lm_config = policy.lm.config
     micro = fake_micro_batches(cfg, lm_config.vocab_size, b.micro_batches * par.world, loss)
-    num_loss_tokens = len(micro) * b.micro_batch_size * (b.seq_len - 1)
     ref = load_reference(cfg, par, policy.lm_head_chunk) if loss == "grpo" else None
-    step = _step_fn(cfg, loss, ref)
+    objective = _objective(cfg, loss, micro, par.world, ref)
     cuda = par.device.type == "cuda"
     times, losses = [], []
     for i in range(b.warmup_steps + b.steps):
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        metrics = step(policy, optimizer, micro, num_loss_tokens, par)
+        metrics = train_step(policy, optimizer, micro, objective, cfg.trainer.max_grad_norm, par)
         if cuda:
             torch.cuda.synchronize()
         if i >= b.warmup_steps:

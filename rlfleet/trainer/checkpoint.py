@@ -1,16 +1,13 @@
-"""Trainer checkpoints and weight snapshots as store artifacts.
+"""The trainer's one checkpoint owner: `CheckpointManager.load(step)`, then `save(step, ...)`.
 
-`checkpoints/step_N/`: model (HF safetensors) and optimizer state; its manifest holds the step and
-the orchestrator cursor that came with batch N, so a resumed run continues with the exact data
-it would have seen. `weights/step_N/`: an HF model directory vLLM reloads from.
-Both are built in a staging dir and published with a manifest, so a crash mid-write leaves the
-previous checkpoint as the latest complete one. A checkpoint is snapshotted to CPU memory first
-and written after (`snapshot_checkpoint`), so the trainer can write it in the background.
-
-Under FSDP2 (`par.enabled`) the trainer state is a torch.distributed.checkpoint (`dcp/`): every rank
-writes its own shards, and a later load reshards to whatever GPU count resumes it. The HF export
-(`model/`, `weights/step_N`) is gathered tensor by tensor onto rank 0's CPU, so no rank ever
-holds a full copy on its GPU and the other ranks hold none at all.
+`checkpoints/step_N/`: the HF model (`model/`, what eval and a resume's `from_pretrained` read) and
+`optimizer.pt`, or under FSDP2 a torch.distributed.checkpoint (`dcp/`: every rank's shards, which
+a load reshards to any GPU count); the manifest holds the data cursor that came with batch N.
+Built in a staging dir and published with sha256s: a crash mid-write leaves the previous one the
+latest complete one. A checkpoint costs the step a copy to CPU memory (exactly step N's state);
+one worker thread writes, publishes and prunes while the next steps train, one write at a time.
+A failed write raises in the trainer's thread at its next step, and the trainer dies as after any
+other error: the launcher resumes it from the previous complete checkpoint.
 """
 
 from __future__ import annotations
@@ -18,79 +15,187 @@ from __future__ import annotations
 import io
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel
 
 from rlfleet.store import RunStore, step_dir
 from rlfleet.store import stage as stage_locally
-from rlfleet.trainer.files import latest_checkpoint
+from rlfleet.trainer import hf_export
+from rlfleet.trainer.files import latest_checkpoint, prune_steps
 from rlfleet.trainer.parallel import Parallel
+from rlfleet.trainer.train import init_optimizer_state
 
 log = logging.getLogger("rlfleet.checkpoint")
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "generation_config.json",
-)
 
+class CheckpointManager:
+    """Checkpoints of one trainer's model and optimizer, every `interval` steps and at the last."""
 
-def hf_model(model: torch.nn.Module) -> PreTrainedModel:
-    return getattr(model, "lm", model)  # a trainer Policy wraps the HF model
+    def __init__(
+        self,
+        store: RunStore,
+        par: Parallel,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        tokenizer_dir: str,
+        keep: int,
+        interval: int,
+    ):
+        self.store, self.par, self.model, self.optimizer = store, par, model, optimizer
+        self.tokenizer_dir, self.keep, self.interval = tokenizer_dir, keep, interval
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlfleet-checkpoint")
+        self._pending: tuple[int, Future] | None = None
+        self._group = None
+        self._host = HostCopy(pinned=par.device.type == "cuda")
+        if par.enabled:  # DCP's collectives run in the worker thread: never on the training group
+            import torch.distributed as dist
 
+            self._group = dist.new_group(backend="gloo")
 
-def _save_model(
-    model: torch.nn.Module, out: Path, tokenizer_dir: str | None, par: Parallel | None = None
-) -> None:
-    state = _hf_state(model, par)
-    if state is not None:
-        _write_hf(hf_model(model), state, out, tokenizer_dir)
+    def load(self, step: int | None) -> int:
+        """Checkpoint `step`'s optimizer state (and under DCP its model; else the trainer was built
+        from its `model/`), or nothing for None; the step to train next."""
+        if step is None:
+            return 0
+        store, rel = self.store, step_dir("checkpoints", step)
+        if store.exists(f"{rel}/optimizer.pt"):
+            data = io.BytesIO(store.read_bytes(f"{rel}/optimizer.pt"))
+            self.optimizer.load_state_dict(torch.load(data, map_location=self.par.device, weights_only=True))
+        else:  # into any world size, or no process group; from a verified local copy
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import set_state_dict
 
+            local = store.local_path(rel) if store.is_local else stage_locally(store, rel, keep=1)
+            state = dcp_state(self.model, self.optimizer)
+            dcp.load(state, checkpoint_id=str(local / "dcp"))
+            lm = hf_export.hf_model(self.model)
+            set_state_dict(
+                lm, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            )
+        return step + 1
 
-def _copy_tokenizer(tokenizer_dir: str | None, out: Path) -> None:
-    for name in TOKENIZER_FILES:
-        src = Path(tokenizer_dir or "") / name
-        if tokenizer_dir and src.is_file():
-            shutil.copy2(src, out / name)
+    def prepare(self) -> float:
+        """Make the host buffers of a sharded state at start-up, while vLLM starts; seconds spent.
 
+        Allocating them (5 GB of pinned memory at the 0.5B shape on an H100, 4.2 s) held the first
+        checkpoint step as long, and beside the first training steps slowed each of them ~2x. The
+        optimizer's state is created first, as its first step would create it."""
+        if not self.par.enabled or self._host.allocated:
+            return 0.0
+        t0 = time.perf_counter()
+        init_optimizer_state(self.optimizer)
+        self._host.allocate(dcp_state(self.model, self.optimizer))
+        return time.perf_counter() - t0
 
-def _stage(store: RunStore, rel: str, par: Parallel | None) -> Path:
-    """One staging dir for all ranks (rank 0 makes it); shared with the others through the group."""
-    if par is None or not par.enabled:
-        return store.staging_dir(rel)
-    return Path(par.broadcast(str(store.staging_dir(rel)) if par.is_main else None))
+    def save(self, step: int, cursor: dict[str, Any], last: bool = False) -> float | None:
+        """Snapshot step `step` and start writing it if a checkpoint is due; the last one is written
+        before this returns (the run's result). The seconds the step spent (waiting for the
+        previous write, copying), or None when none is due."""
+        if not last and (step + 1) % self.interval:
+            return None
+        t0 = time.perf_counter()
+        self.wait()
+        t1 = time.perf_counter()
+        self._pending = (step, self._pool.submit(self._write, step, self._snapshot(step, cursor)))
+        if t1 - t0 > 0.5:
+            log.warning(
+                "checkpoint %d waited %.1f s for checkpoint writes to catch up: the interval is "
+                "shorter than a write; raise trainer.checkpoint_interval",
+                step,
+                t1 - t0,
+            )
+        log.info(
+            "checkpoint %d copied in %.2f s (after %.2f s waiting for the previous)",
+            step,
+            time.perf_counter() - t1,
+            t1 - t0,
+        )
+        if last:
+            self.wait()
+        return time.perf_counter() - t0
 
+    def _snapshot(self, step: int, cursor: dict[str, Any]) -> Callable[[], None]:
+        """Copy checkpoint `step`'s state to CPU memory now; the returned function writes and
+        publishes it, in the worker thread while training goes on.
 
-def _publish(
-    store: RunStore, stage: Path, rel: str, meta: dict[str, Any], par: Parallel | None
-) -> dict[str, Any]:
-    if par is None or not par.enabled:
-        return store.publish_dir(stage, rel, meta)
-    par.barrier()  # every rank's files are in
-    manifest = par.broadcast(store.publish_dir(stage, rel, meta) if par.is_main else None)
-    return manifest
+        Every collective of the copy happens here, in the trainer's thread: the HF export's gather
+        onto rank 0 and each rank's shards into the host buffers (which the next checkpoint reuses,
+        so it waits for this write). DCP then writes through a CPU group of its own; its save
+        returns on rank 0 once every rank's shards and the metadata are written, which is what
+        lets rank 0 publish without another barrier.
+        """
+        store, par, rel = self.store, self.par, step_dir("checkpoints", step)
+        staged = hf_export.stage(store, rel, par)
+        lm = hf_export.hf_model(self.model)
+        state = hf_export.gather(self.model, par)  # rank 0's full copy (the gather is a collective)
+        if par.enabled:
+            trainer_state = self._host(dcp_state(self.model, self.optimizer))
+        else:
+            optim = _cpu_copy(self.optimizer.state_dict())
 
+        def write() -> None:
+            t0 = time.perf_counter()
+            if state is not None:
+                hf_export.write_hf(lm, state, staged / "model", self.tokenizer_dir)
+            t1 = time.perf_counter()
+            if par.enabled:
+                import torch.distributed.checkpoint as dcp
 
-def publish_weights(
-    store: RunStore, step: int, model: torch.nn.Module, tokenizer_dir: str, par: Parallel | None = None
-) -> dict[str, Any]:
-    rel = step_dir("weights", step)
-    stage = _stage(store, rel, par)
-    _save_model(model, stage, tokenizer_dir, par)
-    return _publish(store, stage, rel, {"step": step}, par)
+                dcp.save(trainer_state, storage_writer=_dcp_writer(staged / "dcp"), process_group=self._group)
+                if not par.is_main:
+                    return
+            else:
+                torch.save(optim, staged / "optimizer.pt")
+            t2 = time.perf_counter()
+            store.publish_dir(staged, rel, {"step": step, "cursor": cursor})
+            log.info(
+                "checkpoint %d: HF export %.2f s, trainer state %.2f s, checksums and publish %.2f s",
+                step,
+                t1 - t0,
+                t2 - t1,
+                time.perf_counter() - t2,
+            )
 
+        return write
 
-def prune_weights(store: RunStore, keep: int) -> list[int]:
-    """Keep the newest `keep` complete weight snapshots; called after a newer one is published."""
-    return _prune(store, "weights", keep, protect=None)
+    def _write(self, step: int, write: Callable[[], Any]) -> None:
+        t0 = time.perf_counter()
+        write()
+        if self.par.is_main:
+            prune_checkpoints(self.store, self.keep, written=step)
+        log.info("checkpoint %d written in %.2f s (in the background)", step, time.perf_counter() - t0)
+
+    def check(self) -> None:
+        """Raise here, in the trainer's thread, if the last write failed."""
+        if self._pending is not None and self._pending[1].done():
+            self.wait()
+
+    def wait(self) -> None:
+        if self._pending is None:
+            return
+        step, future = self._pending
+        self._pending = None
+        try:
+            future.result()
+        except Exception as e:
+            raise RuntimeError(f"writing checkpoint {step} failed: {e}") from e
+
+    def close(self, failed: bool = False) -> None:
+        """Finish the write in flight (a finished step's state is worth keeping even when the trainer
+        is failing; then its error is logged, not raised over the one that ends the trainer)."""
+        try:
+            self.wait()
+        except Exception:
+            if not failed:
+                raise
+            log.exception("the checkpoint in flight was lost")
+        finally:
+            self._pool.shutdown(wait=False)
 
 
 def prune_checkpoints(store: RunStore, keep: int, written: int | None = None) -> list[int]:
@@ -105,83 +210,11 @@ def prune_checkpoints(store: RunStore, keep: int, written: int | None = None) ->
         return []
     steps = store.complete_steps("checkpoints")
     if len(steps) <= keep:
-        return _prune(store, "checkpoints", keep, protect=None)
+        return prune_steps(store, "checkpoints", keep)
     if written is not None and written == steps[-1]:
-        return _prune(store, "checkpoints", keep, protect=written)
+        return prune_steps(store, "checkpoints", keep, protect=written)
     resume = latest_checkpoint(store)
-    return _prune(store, "checkpoints", keep, protect=None if resume is None else resume["step"])
-
-
-def _prune(store: RunStore, kind: str, keep: int, protect: int | None) -> list[int]:
-    """Remove complete `kind` steps older than the newest `keep`, except `protect`, plus leftovers of
-    cut uploads (no manifest) older than the oldest kept: the trainer never writes those again."""
-    steps = store.complete_steps(kind)
-    kept = steps[-keep:] if keep > 0 else steps
-    if not kept:
-        return []
-    gone = [s for s in steps if s not in kept and s != protect]
-    gone += [s for s in store.step_dirs(kind) if s < kept[0] and s not in steps]
-    for s in gone:
-        store.remove(step_dir(kind, s))
-    return sorted(gone)
-
-
-def snapshot_checkpoint(
-    store: RunStore,
-    step: int,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    cursor: dict[str, Any],
-    tokenizer_dir: str,
-    par: Parallel | None = None,
-    group: Any = None,
-    host: HostCopy | None = None,
-) -> Callable[[], dict[str, Any] | None]:
-    """Copy checkpoint `step`'s state to CPU memory now; the returned function writes and publishes
-    it, and may run in another thread while training goes on (`trainer/checkpointer.py`).
-
-    Every collective of the copy happens here, in the caller's thread: the HF export's gather onto
-    rank 0 and each rank's shards into `host` (its buffers are reused by the next checkpoint, so
-    that one must wait for this write). DCP then writes through `group` (a CPU group of its own,
-    see `Checkpointer`); its save returns on rank 0 once every rank's shards and the metadata are
-    written, which is what lets rank 0 publish without another barrier.
-    """
-    rel = step_dir("checkpoints", step)
-    stage = _stage(store, rel, par)
-    lm = hf_model(model)
-    state = _hf_state(model, par)  # rank 0's full copy (the gather is a collective)
-    sharded = par is not None and par.enabled
-    if sharded:
-        trainer_state = (host or HostCopy(pinned=False))(dcp_state(model, optimizer))
-        optim = None
-    else:
-        optim = _cpu_copy(optimizer.state_dict())
-
-    def write() -> dict[str, Any] | None:
-        t0 = time.perf_counter()
-        if state is not None:
-            _write_hf(lm, state, stage / "model", tokenizer_dir)
-        t1 = time.perf_counter()
-        if sharded:
-            import torch.distributed.checkpoint as dcp
-
-            dcp.save(trainer_state, storage_writer=_dcp_writer(stage / "dcp"), process_group=group)
-            if not par.is_main:
-                return None
-        else:
-            torch.save(optim, stage / "optimizer.pt")
-        t2 = time.perf_counter()
-        manifest = store.publish_dir(stage, rel, {"step": step, "cursor": cursor})
-        log.info(
-            "checkpoint %d: HF export %.2f s, trainer state %.2f s, checksums and publish %.2f s",
-            step,
-            t1 - t0,
-            t2 - t1,
-            time.perf_counter() - t2,
-        )
-        return manifest
-
-    return write
+    return prune_steps(store, "checkpoints", keep, protect=None if resume is None else resume["step"])
 
 
 class HostCopy:
@@ -226,41 +259,6 @@ def _dcp_writer(path: Path) -> Any:
     return FileSystemWriter(path, sync_files=False, thread_count=min(4, os.cpu_count() or 1))
 
 
-def _hf_state(model: torch.nn.Module, par: Parallel | None) -> dict[str, torch.Tensor] | None:
-    """The HF model's full state dict as CPU copies on rank 0 (None on the other ranks)."""
-    lm = hf_model(model)
-    if par is None or not par.enabled:
-        return {k: v.detach().to("cpu", copy=True) for k, v in lm.state_dict().items()}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    sd = get_model_state_dict(lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not par.is_main:
-        return None
-    # on a CPU mesh of one rank the "offloaded" tensors can be the parameters themselves
-    return {k: v.clone() if par.device.type == "cpu" else v for k, v in sd.items()}
-
-
-def _write_hf(
-    lm: PreTrainedModel, state: dict[str, torch.Tensor], out: Path, tokenizer_dir: str | None
-) -> None:
-    """An HF model directory (`from_pretrained` and vLLM read it) from a CPU state dict."""
-    from safetensors.torch import save_file
-
-    from rlfleet.weights.tensors import sent_tensors
-
-    state = sent_tensors(lm, state)  # what every transport sends (a tied head is not)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {k: v.contiguous() for k, v in state.items()},
-        str(out / "model.safetensors"),
-        metadata={"format": "pt"},
-    )
-    lm.config.save_pretrained(out)
-    if lm.generation_config is not None:
-        lm.generation_config.save_pretrained(out)
-    _copy_tokenizer(tokenizer_dir, out)
-
-
 def _cpu_copy(obj: Any) -> Any:
     """A deep copy of a (nested) state dict with every tensor copied to CPU memory."""
     from torch.utils._pytree import tree_map
@@ -271,36 +269,5 @@ def _cpu_copy(obj: Any) -> Any:
 def dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_sd, optim_sd = get_state_dict(hf_model(model), optimizer)
+    model_sd, optim_sd = get_state_dict(hf_export.hf_model(model), optimizer)
     return {"model": model_sd, "optim": optim_sd}
-
-
-def load_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
-    """Load a `dcp/` checkpoint into this process's sharding (any world size, or no process group)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
-    state = dcp_state(model, optimizer)
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(
-        hf_model(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-    )
-
-
-def load_trainer_state(
-    store: RunStore, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
-) -> None:
-    """Optimizer (and, for DCP, model) state of checkpoint `step`, whichever format it was saved in."""
-    rel = step_dir("checkpoints", step)
-    if store.exists(f"{rel}/optimizer.pt"):
-        load_optimizer_state(store, step, optimizer, device)
-        return
-    local = store.local_path(rel) if store.is_local else stage_locally(store, rel, keep=1)  # verified copy
-    load_dcp(model, optimizer, str(local / "dcp"))
-
-
-def load_optimizer_state(
-    store: RunStore, step: int, optimizer: torch.optim.Optimizer, device: torch.device
-) -> None:
-    data = store.read_bytes(f"{step_dir('checkpoints', step)}/optimizer.pt")
-    optimizer.load_state_dict(torch.load(io.BytesIO(data), map_location=device, weights_only=True))

@@ -1,8 +1,9 @@
 """What the trainer and the controller say to each other through the run store, without torch:
 the controller imports these (the flow's start-up must not wait ~6 s for torch and transformers).
 
-Checkpoints: which one a resume uses and where its HF model is. Steps: when a checkpoint is due,
-how often to poll, and the error a dying trainer leaves for the controller.
+Checkpoints: which one a resume uses, where its HF model is, and which old step dirs retention
+removes. Steps: when a checkpoint is due, how often to poll, and the error a dying trainer leaves
+for the controller.
 """
 
 from __future__ import annotations
@@ -50,3 +51,18 @@ def checkpoint_model_path(store: RunStore, step: int) -> str:
     if store.is_local:
         return str(store.local_path(step_dir("checkpoints", step), "model"))
     return str(stage_locally(store, step_dir("checkpoints", step), keep=1) / "model")
+
+
+def prune_steps(store: RunStore, kind: str, keep: int, protect: int | None = None) -> list[int]:
+    """Remove complete `kind` steps older than the newest `keep` (0 = none), except `protect`, plus
+    leftovers of cut uploads (no manifest) older than the oldest kept: the trainer never writes
+    those again."""
+    steps = store.complete_steps(kind)
+    kept = steps[-keep:] if keep > 0 else steps
+    if not kept:
+        return []
+    gone = [s for s in steps if s not in kept and s != protect]
+    gone += [s for s in store.step_dirs(kind) if s < kept[0] and s not in steps]
+    for s in gone:
+        store.remove(step_dir(kind, s))
+    return sorted(gone)

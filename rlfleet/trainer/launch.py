@@ -10,7 +10,7 @@ from typing import Any
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import DeterministicError, TransientError
 from rlfleet.procs import RANK_LOGS, ManagedProcess, python_module_cmd
-from rlfleet.store import RunStore, local_dir
+from rlfleet.store import RunStore, local_dir, run_store
 from rlfleet.trainer.files import poll_interval, read_trainer_error
 
 
@@ -35,10 +35,21 @@ class TrainerDied(TransientError):
     """The trainer process exited; a relaunch resumes it from the latest checkpoint."""
 
 
+def death_error(error: dict[str, Any] | None, msg: str) -> Exception:
+    """A dead trainer's error: DeterministicError (no retry) when the error it recorded
+    (`loop.record_trainer_error`) will recur, with its message first; else a TrainerDied."""
+    if error is not None and error["deterministic"]:
+        return DeterministicError(f"{error['type']} at step {error['step']}: {error['message']}\n{msg}")
+    return TrainerDied(msg)
+
+
 def run_torchrun(argv: list[str], gpu_ids: list[str], output_dir: str, name: str) -> None:
     """`rlfleet <argv>` as torchrun ranks over `gpu_ids`, to completion (rank R logs to
-    `logs/<name>/rank_R.log`). A non-zero exit is a TrainerDied: the engine resumes from its
-    latest checkpoint, so a retry loses at most one checkpoint interval."""
+    `logs/<name>/rank_R.log`). A non-zero exit is a TrainerDied, and the engine resumes from its
+    latest checkpoint, so a retry loses at most one checkpoint interval; unless a rank recorded a
+    deterministic error this time (`death_error`)."""
+    store = run_store(output_dir)
+    before = read_trainer_error(store)
     out = local_dir(output_dir)
     logs = out / "logs" / name
     proc = ManagedProcess(
@@ -58,7 +69,9 @@ def run_torchrun(argv: list[str], gpu_ids: list[str], output_dir: str, name: str
     finally:
         proc.stop()
     if rc != 0:
-        raise TrainerDied(f"{name} exited with code {rc}; log tail:\n{proc.log_tail()}")
+        error = read_trainer_error(store)
+        msg = f"{name} exited with code {rc}; log tail:\n{proc.log_tail()}"
+        raise death_error(error if error != before else None, msg)
 
 
 class TrainerProcess:
@@ -108,17 +121,12 @@ class TrainerProcess:
         return metrics
 
     def failure(self, store: RunStore, step: int) -> Exception | None:
-        if self.process is not None and not self.process.alive():
-            return self._death_error(store)
-        return None
-
-    def _death_error(self, store: RunStore) -> Exception:
         p = self.process
-        msg = f"trainer exited with code {p.returncode()}; log tail:\n{p.log_tail()}"
+        if p is None or p.alive():
+            return None
         error = read_trainer_error(store)
-        if error is not None and error.get("pid") == p.pid and error["deterministic"]:
-            return DeterministicError(f"{error['type']} at step {error['step']}: {error['message']}\n{msg}")
-        return TrainerDied(msg)
+        msg = f"trainer exited with code {p.returncode()}; log tail:\n{p.log_tail()}"
+        return death_error(error if error is not None and error.get("pid") == p.pid else None, msg)
 
     def stop(self) -> None:
         if self.process is not None:

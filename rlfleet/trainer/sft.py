@@ -1,4 +1,4 @@
-"""Supervised fine-tuning with the RL trainer's model, optimizer, checkpoints and resume.
+"""Supervised fine-tuning: the RL trainer's training loop (loop.py) over a dataset, with its NLL.
 
 `run_sft` resumes one step past the latest complete checkpoint (the data cursor is the step, see
 sft_data), trains to `max_steps`, checkpoints every `checkpoint_interval` steps and at the last,
@@ -11,11 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import AutoTokenizer
 
 from rlfleet.config.checks import check_model, check_output_dir, raise_if
@@ -23,20 +21,12 @@ from rlfleet.config.models import SFTConfig
 from rlfleet.report import curve_png, mean_or_none, step_progress
 from rlfleet.runs.resume import discard_stale
 from rlfleet.store import RunStore, run_store, step_dir
-from rlfleet.trainer.checkpoint import prune_weights, publish_weights
-from rlfleet.trainer.checkpointer import Checkpointer
-from rlfleet.trainer.files import latest_checkpoint
-from rlfleet.trainer.loop import build_resumed, checkpoint_if_due
-from rlfleet.trainer.loss import sft_loss
-from rlfleet.trainer.parallel import Parallel, teardown
-from rlfleet.trainer.schedule import make_scheduler
-from rlfleet.trainer.sft_data import (
-    check_data,
-    load_dataset,
-    num_targets,
-    step_batches,
-)
-from rlfleet.trainer.train import Policy, accumulate, optimizer_step
+from rlfleet.trainer.loop import Batch, train
+from rlfleet.trainer.loss import NLL
+from rlfleet.trainer.parallel import Parallel
+from rlfleet.trainer.sft_data import check_data, load_dataset, step_batches
+from rlfleet.trainer.train import Policy
+from rlfleet.weights.filesystem import FilesystemPublisher
 
 log = logging.getLogger("rlfleet.sft")
 
@@ -52,34 +42,6 @@ def preflight(cfg: SFTConfig) -> None:
     raise_if(problems)
 
 
-def sft_step(
-    policy: Policy,
-    optimizer: torch.optim.Optimizer,
-    batches: list[dict[str, torch.Tensor]],
-    max_grad_norm: float,
-    par: Parallel | None = None,
-) -> dict[str, Any]:
-    """Accumulate the step's token-mean NLL over its micro-batches, clip, one optimizer step.
-
-    Every rank builds the whole step's micro-batches (a pure function of seed and step) and
-    trains its share, so the normalizer is the step's loss-token count on every rank.
-    """
-    start = time.perf_counter()
-    n = num_targets(batches)
-    optimizer.zero_grad(set_to_none=True)
-    totals = accumulate(
-        policy, batches, lambda mb, lp, _: (sft_loss(lp, mb["loss_mask"][:, 1:], n), {}), par=par
-    )
-    grad_norm = optimizer_step(policy, optimizer, max_grad_norm)
-    return {
-        "loss": totals["loss"],
-        "grad_norm": grad_norm,
-        "loss_tokens": n,
-        "tokens": int(sum(mb["input_ids"].numel() for mb in batches)),
-        "train_seconds": time.perf_counter() - start,
-    }
-
-
 def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     """Train from the latest checkpoint to `max_steps`; returns the summary (also in summary.json).
 
@@ -87,72 +49,69 @@ def run_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     trainer keys say, and only rank 0 writes metrics and the report.
     """
     t0 = time.perf_counter()
-    tc = cfg.trainer
     store = run_store(cfg.output_dir)
-    ckpt = latest_checkpoint(store)
-    start = 0 if ckpt is None else ckpt["step"] + 1
-    if start >= cfg.max_steps:
-        return write_sft_report(store, cfg, time.perf_counter() - t0)
-    trainer_job = cfg.trainer_job()
-    par, policy, optimizer = build_resumed(trainer_job, store, ckpt)
-    scheduler = make_scheduler(optimizer, tc.lr, tc.lr_schedule, cfg.max_steps, start)
-    checkpointer = Checkpointer(store, cfg.model.path, tc.keep_checkpoints, par)
-    failed = True
-    try:
+    source = DatasetBatches(cfg, store, progress)
+    train(cfg.trainer_job(), source)
+    if source.par is not None and not source.par.is_main:
+        return {}
+    return write_sft_report(store, cfg, time.perf_counter() - t0)
+
+
+class DatasetBatches:
+    """SFT's source: the step's rows of the dataset (a pure function of seed and step) and their
+    NLL; metrics and a progress bar per step, and the last step's weights as `weights/step_N`."""
+
+    name = "sft"
+
+    def __init__(self, cfg: SFTConfig, store: RunStore, progress: bool):
+        self.cfg, self.store, self.progress = cfg, store, progress
+        self.par: Parallel | None = None
+        self.bar = None
+
+    def start(self, par: Parallel, policy: Policy, step: int) -> str:
+        self.par = par
         if par.is_main:
-            discard_stale(store, start)  # metrics and weights a dead previous life wrote past it
+            discard_stale(self.store, step)  # metrics and weights a dead previous life wrote past it
         par.barrier()
-        ds = load_dataset(cfg.data)
-        tok = AutoTokenizer.from_pretrained(cfg.model.path)
-        log.info(
-            "sft rank %d/%d on %s: %d %s rows, steps %d..%d",
-            par.rank,
-            par.world,
-            par.device,
-            len(ds),
-            ds.format,
-            start,
-            cfg.max_steps - 1,
-        )
-        shown = progress and par.is_main
-        with step_progress("sft", "loss {task.fields[loss]}") if shown else nullcontext() as bar:
-            job = bar.add_task("sft", total=cfg.max_steps, completed=start, loss="-") if bar else None
-            for step in range(start, cfg.max_steps):
-                s0 = time.perf_counter()
-                batches = step_batches(ds, tok, cfg.data, step, cfg.seed)
-                lr = optimizer.param_groups[0]["lr"]
-                metrics = sft_step(policy, optimizer, batches, tc.max_grad_norm, par)
-                scheduler.step()
-                metrics.update(
-                    step=step,
-                    epoch=step * cfg.data.batch_size // len(ds),
-                    lr=lr,
-                    seconds=time.perf_counter() - s0,
-                )
-                # Metrics first: every step a checkpoint covers has its record; a crash in between
-                # only redoes the step, which rewrites it.
-                if par.is_main:
-                    store.write_json(f"metrics/step_{step}.json", metrics)
-                    log.info(
-                        "step %d: loss %.4f (%d tokens, %.2f s)",
-                        step,
-                        metrics["loss"],
-                        metrics["loss_tokens"],
-                        metrics["seconds"],
-                    )
-                checkpoint_if_due(trainer_job, step, policy, optimizer, {"next_step": step + 1}, checkpointer)
-                if step == cfg.max_steps - 1:
-                    publish_weights(store, step, policy, cfg.model.path, par)
-                    if par.is_main:
-                        prune_weights(store, tc.keep_weights)
-                if bar:
-                    bar.update(job, advance=1, loss=f"{metrics['loss']:.4f}")
-        par.barrier()
-        failed = False
-    finally:
-        checkpointer.close(failed)
-        teardown(par)
-    return write_sft_report(store, cfg, time.perf_counter() - t0) if par.is_main else {}
+        self.ds = load_dataset(self.cfg.data)
+        self.tok = AutoTokenizer.from_pretrained(self.cfg.model.path)
+        if self.progress and par.is_main:
+            self.bar = step_progress("sft", "loss {task.fields[loss]}")
+            self.bar.start()
+            self.job = self.bar.add_task("sft", total=self.cfg.max_steps, completed=step, loss="-")
+        return f", {len(self.ds)} {self.ds.format} rows"
+
+    def batch(self, step: int) -> Batch:
+        self.t0 = time.perf_counter()
+        micro = step_batches(self.ds, self.tok, self.cfg.data, step, self.cfg.seed)
+        return Batch(micro, NLL(micro), {"next_step": step + 1})
+
+    def publish(self, step: int, policy: Policy) -> dict[str, Any]:
+        if step == self.cfg.max_steps - 1:
+            tc = self.cfg.trainer
+            FilesystemPublisher(self.store, self.par, self.cfg.model.path, tc.keep_weights).publish(
+                step, policy
+            )
+        return {}
+
+    def finish(self, step: int, metrics: dict[str, Any]) -> None:
+        epoch = step * self.cfg.data.batch_size // len(self.ds)
+        metrics.update(step=step, epoch=epoch, seconds=time.perf_counter() - self.t0)
+        if self.par.is_main:
+            self.store.write_json(f"metrics/step_{step}.json", metrics)
+            log.info(
+                "step %d: loss %.4f (%d tokens, %.2f s)",
+                step,
+                metrics["loss"],
+                metrics["loss_tokens"],
+                metrics["seconds"],
+            )
+        if self.bar is not None:
+            self.bar.update(self.job, advance=1, loss=f"{metrics['loss']:.4f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def write_sft_report(store: RunStore, cfg: SFTConfig, wall_seconds: float) -> dict[str, Any]:

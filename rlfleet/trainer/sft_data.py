@@ -228,11 +228,6 @@ def packed_micro_batches(
     ]
 
 
-def num_targets(batches: list[dict[str, torch.Tensor]]) -> int:
-    """Loss tokens that can be predicted: position 0 has no previous token, so it never counts."""
-    return int(sum(int(mb["loss_mask"][:, 1:].sum()) for mb in batches))
-
-
 def step_batches(
     ds: SFTDataset, tok: PreTrainedTokenizerBase, cfg: SFTDataConfig, step: int, seed: int
 ) -> list[dict[str, torch.Tensor]]:

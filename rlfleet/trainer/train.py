@@ -5,16 +5,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import TrainerConfig
 from rlfleet.trainer.lm_head import chunked_logprobs
 from rlfleet.trainer.loss import logprobs_and_entropy, token_logprobs
-from rlfleet.trainer.losses import StepNorm, micro_batch_loss, policy_fn
 from rlfleet.trainer.parallel import Parallel, set_gradient_sync
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -191,74 +189,33 @@ def optimizer_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, ma
     return grad_norm
 
 
+class Objective(Protocol):
+    """The pluggable part of a train step: RL's policy loss (losses/objective.py `PolicyLoss`) or
+    SFT's NLL (loss.py `NLL`). One per step: it may hold the step's normalisers."""
+
+    temperature: float  # the sampler's: logprobs are of logits / temperature
+    want_entropy: bool  # the full-logits path also computes the entropy (an entropy bonus needs it)
+    __call__: LossFn  # the micro-batch's loss (divided by the step's normaliser) and statistics
+
+    def metrics(self, totals: dict[str, float]) -> dict[str, Any]:
+        """The step's metrics from the statistics summed over micro-batches and ranks."""
+
+
 def train_step(
-    model: torch.nn.Module,
+    policy: Policy,
     optimizer: torch.optim.Optimizer,
     micro_batches: list[dict[str, torch.Tensor]],
-    norm: StepNorm | int,
-    cfg: TrainerConfig,
-    temperature: float = 1.0,
+    objective: Objective,
+    max_grad_norm: float,
     par: Parallel | None = None,
-    loss: LossConfig | None = None,
-    ref: torch.nn.Module | None = None,
 ) -> dict[str, Any]:
-    """One RL optimizer step: the `[loss]` loss (default GRPO) over all micro-batches, clip, AdamW.
-
-    `model` is a Policy (or a bare HF model, wrapped on the fly); `norm` the step's normalisers
-    (an int: its loss-token count only); `ref` the frozen reference Policy when `loss.kl_coef` > 0.
-    The step's lr is the optimizer's now: the caller's scheduler steps after this returns.
-    """
-    policy = model if isinstance(model, Policy) else Policy(model)
-    lc = loss or LossConfig()
-    norm = norm if isinstance(norm, StepNorm) else StepNorm(norm)
-    if lc.kl_coef > 0 and ref is None:
-        raise ValueError("loss.kl_coef > 0 needs the reference model (rlfleet/trainer/reference.py)")
-    policy.want_entropy = lc.entropy_coef > 0
-    term = policy_fn(lc)
+    """One optimizer step: `objective` over all micro-batches, clip, AdamW. The step's lr is the
+    optimizer's now: the caller's scheduler steps after this returns."""
+    policy.want_entropy = objective.want_entropy
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-
-    def loss_fn(mb, logprobs, entropy):
-        ref_lp = None
-        if lc.kl_coef > 0:
-            with torch.no_grad():
-                ref_lp, _ = ref(mb["input_ids"], temperature, mb.get("position_ids"))
-        adv = mb["advantages"]
-        return micro_batch_loss(
-            lc,
-            term,
-            logprobs,
-            mb["old_logprobs"][:, 1:],
-            adv[:, 1:] if adv.dim() == 2 else adv,
-            mb["loss_mask"][:, 1:],
-            norm,
-            mb.get("position_ids"),
-            ref_lp,
-            entropy,
-        )
-
     lr = optimizer.param_groups[0]["lr"]
-    totals = accumulate(policy, micro_batches, loss_fn, temperature, par)
-    grad_norm = optimizer_step(policy, optimizer, cfg.max_grad_norm)
-    n = max(norm.tokens, 1)
-    metrics = {
-        "loss": totals["loss"],
-        "grad_norm": grad_norm,
-        "lr": float(lr),
-        "clip_frac": totals.get("clipped_tokens", 0.0) / n,
-        "mask_frac": totals["masked_tokens"] / n,
-        "ratio_mean": totals["ratio_sum"] / n,
-        "mismatch_kl": totals["mismatch_kl_sum"] / n,
-        "logprob_diff_max": totals["logprob_diff_max"],  # max |trainer - sampler| logprob of a token
-        "num_loss_tokens": norm.tokens,
-        "train_seconds": time.perf_counter() - start,
-    }
-    for key, name in (
-        ("entropy_sum", "entropy"),
-        ("kl_sum", "kl"),
-        ("is_weight_sum", "is_weight_mean"),
-        ("is_masked_tokens", "is_mask_frac"),
-    ):
-        if key in totals:
-            metrics[name] = totals[key] / n
-    return metrics
+    totals = accumulate(policy, micro_batches, objective, objective.temperature, par)
+    grad_norm = optimizer_step(policy, optimizer, max_grad_norm)
+    metrics = {"loss": totals["loss"], "grad_norm": grad_norm, "lr": float(lr), **objective.metrics(totals)}
+    return metrics | {"train_seconds": time.perf_counter() - start}

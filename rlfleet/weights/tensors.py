@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 from transformers import PreTrainedModel
 
-from rlfleet.trainer.checkpoint import hf_model
+from rlfleet.trainer.hf_export import hf_model
 
 BUCKET_BYTES = 1 << 30
 

@@ -1,7 +1,8 @@
 """What step N's weights are, per transport, and which step the replicas hold.
 
 A ticket is a small JSON dict: `{"transport", "step", ...}`. The filesystem's names a local
-directory (`filesystem.newest_weights`); the others are written by the trainer to `sync/step_N.json`
+directory (`newest_weights`: also the fallback every transport shares, for a resumed run and a
+relaunched replica); the others are written by the trainer to `sync/step_N.json`
 before it reports step N done, and say where vLLM finds the tensors. `run/weights_served.json` is
 the controller's acknowledgement (the step every replica holds): the cuda_ipc publisher waits on it
 before it overwrites a buffer a replica might still need. The controller's side of nccl's
@@ -10,13 +11,16 @@ handshakes lives here too (`live_ticket`, `regroup`): the flow imports this modu
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from rlfleet.procs import running, this_process
-from rlfleet.store import RunStore
+from rlfleet.store import CorruptArtifact, RunStore, stage, step_dir
+
+log = logging.getLogger("rlfleet.weights")
 
 SERVED = "run/weights_served.json"
 REGROUP = (
@@ -32,8 +36,6 @@ def ticket_rel(step: int) -> str:
 def ticket(store: RunStore, step: int, transport: str) -> dict[str, Any]:
     """The ticket for `step` (filesystem: the newest verified weights at or before it)."""
     if transport == "filesystem":
-        from rlfleet.weights.filesystem import newest_weights
-
         s, path = newest_weights(store, step, checksum=False)
         return {"transport": "filesystem", "step": s, "path": path}
     rel = ticket_rel(step)
@@ -99,3 +101,34 @@ def regroup(store: RunStore, timeout_s: float, poll_s: float = 0.05) -> dict[str
                 f"no running trainer answered the weight-sync regroup request in {timeout_s:.0f} s"
             )
         time.sleep(poll_s)
+
+
+WEIGHTS_CACHED = 2  # staged snapshots a node keeps: the one served and the one replacing it
+
+
+def newest_weights(store: RunStore, step: int, checksum: bool = True) -> tuple[int, str]:
+    """(step, local path) of verified weights for `step`, else of the newest verified ones before it.
+
+    Weights come from `weights/step_N` or a checkpoint's `model/`; a missing, truncated or corrupt
+    snapshot is skipped with a warning naming it, so vLLM never loads a half-written file. From a
+    remote store they are staged to this node's local cache first (checked against the manifest).
+    checksum=False checks a local snapshot's manifest and file sizes only: the broadcast's hot path,
+    reading what this run's trainer published (and hashed) moments ago. A resume re-hashes it all.
+    """
+    candidates = sorted(
+        {s for kind in ("weights", "checkpoints") for s in store.complete_steps(kind) if s <= step},
+        reverse=True,
+    )
+    for s in candidates:
+        for rel, sub in ((step_dir("weights", s), ""), (step_dir("checkpoints", s), "model")):
+            try:
+                local = stage(store, rel, keep=WEIGHTS_CACHED, checksum=checksum)
+            except FileNotFoundError:
+                continue
+            except CorruptArtifact as e:
+                log.warning("weights in %s are corrupt (%s); trying an older snapshot", rel, e)
+                continue
+            if s != step:
+                log.warning("no complete weights for step %d; using step %d's", step, s)
+            return s, str(local / sub) if sub else str(local)
+    raise FileNotFoundError(f"no complete weights for step <= {step} in {store.url}")

@@ -9,9 +9,10 @@ from rlfleet.trainer.losses.cispo import cispo
 from rlfleet.trainer.losses.compose import PolicyFn, micro_batch_loss
 from rlfleet.trainer.losses.gspo import gspo
 from rlfleet.trainer.losses.inputs import LossInputs, StepNorm
+from rlfleet.trainer.losses.objective import PolicyLoss
 from rlfleet.trainer.losses.ppo import ppo_clip
 
-__all__ = ["LOSSES", "LossInputs", "PolicyFn", "StepNorm", "micro_batch_loss", "policy_fn"]
+__all__ = ["LOSSES", "LossInputs", "PolicyFn", "PolicyLoss", "StepNorm", "micro_batch_loss", "policy_fn"]
 
 LOSSES: dict[str, PolicyFn] = {"grpo": ppo_clip, "dr_grpo": ppo_clip, "gspo": gspo, "cispo": cispo}
 

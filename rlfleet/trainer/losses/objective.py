@@ -1,0 +1,74 @@
+"""RL's objective for the train step (trainer/train.py `Objective`): the `[loss]` policy loss of
+each micro-batch against the sampler's logprobs, and the step's metrics from its statistics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlfleet.config.loss import LossConfig
+from rlfleet.trainer.losses.compose import micro_batch_loss
+from rlfleet.trainer.losses.inputs import StepNorm
+
+
+class PolicyLoss:
+    """`norm`: the step's normalisers (an int: its loss-token count only); `ref`: the frozen
+    reference Policy, needed when `cfg.kl_coef` > 0."""
+
+    def __init__(
+        self,
+        cfg: LossConfig,
+        norm: StepNorm | int,
+        temperature: float = 1.0,
+        ref: torch.nn.Module | None = None,
+    ):
+        from rlfleet.trainer.losses import policy_fn
+
+        if cfg.kl_coef > 0 and ref is None:
+            raise ValueError("loss.kl_coef > 0 needs the reference model (rlfleet/trainer/reference.py)")
+        self.cfg, self.temperature, self.ref = cfg, temperature, ref
+        self.norm = norm if isinstance(norm, StepNorm) else StepNorm(norm)
+        self.term = policy_fn(cfg)
+        self.want_entropy = cfg.entropy_coef > 0
+
+    def __call__(
+        self, mb: dict[str, torch.Tensor], logprobs: torch.Tensor, entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        ref_lp = None
+        if self.cfg.kl_coef > 0:
+            with torch.no_grad():
+                ref_lp, _ = self.ref(mb["input_ids"], self.temperature, mb.get("position_ids"))
+        adv = mb["advantages"]
+        return micro_batch_loss(
+            self.cfg,
+            self.term,
+            logprobs,
+            mb["old_logprobs"][:, 1:],
+            adv[:, 1:] if adv.dim() == 2 else adv,
+            mb["loss_mask"][:, 1:],
+            self.norm,
+            mb.get("position_ids"),
+            ref_lp,
+            entropy,
+        )
+
+    def metrics(self, totals: dict[str, float]) -> dict[str, Any]:
+        n = max(self.norm.tokens, 1)
+        metrics = {
+            "clip_frac": totals.get("clipped_tokens", 0.0) / n,
+            "mask_frac": totals["masked_tokens"] / n,
+            "ratio_mean": totals["ratio_sum"] / n,
+            "mismatch_kl": totals["mismatch_kl_sum"] / n,
+            "logprob_diff_max": totals["logprob_diff_max"],  # max |trainer - sampler| logprob of a token
+            "num_loss_tokens": self.norm.tokens,
+        }
+        for key, name in (
+            ("entropy_sum", "entropy"),
+            ("kl_sum", "kl"),
+            ("is_weight_sum", "is_weight_mean"),
+            ("is_masked_tokens", "is_mask_frac"),
+        ):
+            if key in totals:
+                metrics[name] = totals[key] / n
+        return metrics
