@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.cli import main
-from rlfleet.config.loader import load
+from rlfleet.config.loader import ConfigError, load
 
 
 @pytest.fixture
@@ -249,7 +249,8 @@ def test_vllm_started_early_stops_what_no_flow_adopted(base, tmp_path):
     takes it (it failed first, or resolved another inference config), leaving the `with` stops
     it and frees the run's lock."""
     from rlfleet.config.models import RLConfig
-    from rlfleet.runs.handles import _EARLY, RunHandles, vllm_started_early
+    from rlfleet.runs.configs import resolve
+    from rlfleet.runs.handles import _EARLY, RunHandles, started_early, vllm_started_early
     from tests.conftest import free_port
 
     cfg = load(RLConfig, [*base, "--inference.port", str(free_port())])
@@ -262,6 +263,10 @@ def test_vllm_started_early_stops_what_no_flow_adopted(base, tmp_path):
 
     with vllm_started_early(cfg):
         early = _EARLY[cfg.output_dir]
+        early.ensure()  # serving: its port is taken, and the flow's preflight must not count it
+        with pytest.raises(ConfigError, match="inference.port"):
+            resolve(cfg)
+        assert started_early(cfg.output_dir) and resolve(cfg, ports=False)
         other = cfg.model_copy(update={"inference": cfg.inference.model_copy(update={"max_model_len": 64})})
         assert RunHandles.for_run(other, [], []).pool is not early
         assert early.closed and not early.replicas and not _EARLY

@@ -34,7 +34,7 @@ from rlfleet.flows.monitor import LiveArtifacts, recoveries
 from rlfleet.orchestrator.rollout import load_tokenizer
 from rlfleet.report import WandbSink, step_progress, wandb_metrics, write_report
 from rlfleet.runs.configs import resolve, write_configs
-from rlfleet.runs.handles import RunHandles
+from rlfleet.runs.handles import RunHandles, started_early
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
 from rlfleet.runs.logs import sync_logs
 from rlfleet.runs.resume import discard_stale, resume_step
@@ -58,7 +58,8 @@ def rl(config: RLConfig) -> State:
     """One RL run; `config` is the resolved RLConfig (the deployment's parameter)."""
     t0 = time.perf_counter()
     load_credentials_block()  # S3 credentials from $RLFLEET_S3_CREDENTIALS_BLOCK, if it is set
-    cfg, inf_gpus, train_gpus = resolve(config)
+    # replicas `rlfleet rl` started for this run hold its ports: not a conflict
+    cfg, inf_gpus, train_gpus = resolve(config, ports=not started_early(config.output_dir))
     tag_run(cfg)
     with gpu_lease(inf_gpus + train_gpus):
         summary = _run(cfg, inf_gpus, train_gpus, t0)

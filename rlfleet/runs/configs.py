@@ -33,9 +33,11 @@ def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[s
     return paths
 
 
-def preflight(cfg: RLConfig) -> tuple[list[str], list[str]]:
-    """Check everything checkable before anything starts; returns (inference GPUs, trainer GPUs)."""
-    problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_ports(cfg.inference)
+def preflight(cfg: RLConfig, ports: bool = True) -> tuple[list[str], list[str]]:
+    """Check everything checkable before anything starts; returns (inference GPUs, trainer GPUs).
+    ports=False: the run's replicas were started already (they hold the ports)."""
+    problems = check_model(cfg.model) + check_output_dir(cfg.output_dir)
+    problems += check_ports(cfg.inference) if ports else []
     problems += check_envs(cfg.orchestrator.env, "orchestrator.env")
     if cfg.eval.interval:
         problems += check_envs(cfg.eval.env, "eval.env")
@@ -61,9 +63,9 @@ def preflight(cfg: RLConfig) -> tuple[list[str], list[str]]:
     return gpus
 
 
-def resolve(config: RLConfig) -> tuple[RLConfig, list[str], list[str]]:
+def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, list[str], list[str]]:
     """The config a run executes (cores split, placement defaults filled) after its preflight, and
-    its (inference GPUs, trainer GPUs): what the flow runs and what `RunHandles.start_early` starts."""
+    its (inference GPUs, trainer GPUs): what the flow runs and what `vllm_started_early` starts."""
     cfg = split_cpus(config)  # async on a CPU box: vLLM and the trainer on separate cores
-    inf_gpus, train_gpus = preflight(cfg)
+    inf_gpus, train_gpus = preflight(cfg, ports)
     return gpu_defaults(cfg, inf_gpus, train_gpus), inf_gpus, train_gpus

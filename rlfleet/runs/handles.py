@@ -79,6 +79,11 @@ class RunHandles:
         self.trainer.stop()
 
 
+def started_early(output_dir: str) -> bool:
+    """Whether `vllm_started_early` holds replicas for the run in `output_dir`, not yet adopted."""
+    return output_dir in _EARLY
+
+
 @contextmanager
 def vllm_started_early(config: RLConfig) -> Iterator[None]:
     """Preflight `config`; on a CPU box, start its vLLM replicas now for the flow run inside the
