@@ -88,8 +88,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=None, help="tokens per sequence (128 cpu, 512 cuda)")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--server-variants", default="as_sent,no_logprobs", help=f"of {sorted(PEAK_VARIANTS)}")
+    ap.add_argument("--parts", default="offline,server", help="offline, server or both")
+    ap.add_argument(
+        "--profile", help="a directory for py-spy's stacks of the server's bursts (py-spy on PATH)"
+    )
     ap.add_argument("--out", required=True)
-    a = ap.parse_args()
+    a, overrides = ap.parse_known_args()  # the rest: rlfleet overrides (--inference.*)
     if unknown := set(a.server_variants.split(",")) - PEAK_VARIANTS.keys():
         ap.error(f"--server-variants: unknown {sorted(unknown)}")
     cuda = a.device == "cuda"
@@ -112,6 +116,7 @@ def main() -> None:
         if cuda:
             args += ["--model.dtype", "bfloat16", "--deployment.num-inference-gpus", "1"]
             args += ["--deployment.num-train-gpus", "1"]  # the share of a GPU a run gives vLLM (0.45)
+        args += overrides
         cfg = load(RLConfig, args)
         kw, env = engine_kwargs(cfg)
         spec = {
@@ -122,14 +127,18 @@ def main() -> None:
             "result": str(tmp / "o.json"),
         }
         (tmp / "spec.json").write_text(json.dumps(spec))
-        subprocess.run(
-            [sys.executable, __file__, "--_offline", str(tmp / "spec.json")], check=True, env=os.environ | env
-        )
-        result = {"offline": json.loads((tmp / "o.json").read_text())}
-        result["server"] = engine_peak(cfg, [c], tokens, a.server_variants.split(","), reps=a.reps)
-    served = result["server"]["by_concurrency"][str(c)]["tokens_per_s"]
-    result["server_over_offline"] = served / result["offline"]["variants"]["logprob"]["tokens_per_s"]
-    print(f"server (as sent) / offline (logprob): {result['server_over_offline']:.2f}")
+        result: dict[str, Any] = {}
+        if "offline" in a.parts:
+            cmd = [sys.executable, __file__, "--_offline", str(tmp / "spec.json")]
+            subprocess.run(cmd, check=True, env=os.environ | env)
+            result["offline"] = json.loads((tmp / "o.json").read_text())
+        if "server" in a.parts:
+            profile = Path(a.profile) if a.profile else None
+            result["server"] = engine_peak(cfg, [c], tokens, a.server_variants.split(","), a.reps, profile)
+    if len(result) == 2:
+        served = result["server"]["by_concurrency"][str(c)]["tokens_per_s"]
+        result["server_over_offline"] = served / result["offline"]["variants"]["logprob"]["tokens_per_s"]
+        print(f"server (as sent) / offline (logprob): {result['server_over_offline']:.2f}")
     doc = {
         "env": versions(),
         "config": {"device": a.device, "shape": shape, "concurrency": c, "max_tokens": tokens, "engine": kw},

@@ -199,11 +199,18 @@ PEAK_VARIANTS = {
     "as_sent": {"n": 1, "logprobs": True},
     "no_logprobs": {"n": 1, "logprobs": False},
     "n8": {"n": 8, "logprobs": True},
+    "stream": {"n": 1, "logprobs": True, "stream": True},  # as the sampler reads it: SSE chunks
 }
 
 
 async def _burst(
-    url: str, c: int, max_tokens: int, seed_ids: list[int], n: int = 1, logprobs: bool = True
+    url: str,
+    c: int,
+    max_tokens: int,
+    seed_ids: list[int],
+    n: int = 1,
+    logprobs: bool = True,
+    stream: bool = False,
 ) -> int:
     """C sequences at once (C/n requests of n), `ignore_eos`; the tokens they generated."""
     import httpx
@@ -211,23 +218,58 @@ async def _burst(
     from rlfleet.inference.server import SERVED_NAME
 
     body = {"model": SERVED_NAME, "prompt": seed_ids, "max_tokens": max_tokens, "temperature": 1.0, "n": n}
-    body |= {"ignore_eos": True, "return_token_ids": True}
+    body |= {"ignore_eos": True, "return_token_ids": True, "stream": stream}
     if logprobs:
         body |= {"logprobs": 0, "return_tokens_as_token_ids": True}
-    async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=None)) as client:
-        resps = await asyncio.gather(
-            *(client.post(f"{url}/v1/completions", json=body) for _ in range(c // n))
-        )
-    return sum(len(ch["token_ids"]) for r in resps for ch in r.raise_for_status().json()["choices"])
+
+    async def one(client: httpx.AsyncClient) -> int:
+        if not stream:
+            resp = (await client.post(f"{url}/v1/completions", json=body)).raise_for_status()
+            return sum(len(ch["token_ids"]) for ch in resp.json()["choices"])
+        tokens = 0
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
+            async for line in resp.raise_for_status().aiter_lines():
+                if line.startswith("data: {"):
+                    tokens += sum(len(ch.get("token_ids") or []) for ch in json.loads(line[6:])["choices"])
+        return tokens
+
+    # clients of 32 requests, as the sampler spreads its streams (orchestrator/sampler.py)
+    clients = [
+        httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=None))
+        for _ in range(-(-c // n // 32))
+    ]
+    try:
+        return sum(await asyncio.gather(*(one(clients[i // 32]) for i in range(c // n))))
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+def _profile(pid: int, seconds: float, out: Path) -> subprocess.Popen | None:
+    """py-spy over the server and its engine core while a burst runs (benchmarks only; None
+    without py-spy on PATH): where the serving path's CPU goes."""
+    if not shutil.which("py-spy"):
+        return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--duration", str(int(seconds))]
+    cmd += ["--rate", "50", "--format", "raw", "--nonblocking", "-o", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(out.with_suffix(".log"), "w"))
 
 
 def engine_peak(
-    cfg: Any, concurrency: list[int], max_tokens: int, variants: list[str], reps: int = 2
+    cfg: Any,
+    concurrency: list[int],
+    max_tokens: int,
+    variants: list[str],
+    reps: int = 2,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     """One vLLM server started as rlfleet's flow starts it (placement, launch_replicas), then, for
     each C, C sequences at once (a few prompt ids, `ignore_eos`, max_tokens each, sent as the
     sampler sends them): generated tokens over the wall time of the burst, the best of `reps`
-    bursts after one warm-up burst. Each other variant (PEAK_VARIANTS) runs at the first C only."""
+    bursts after one warm-up burst. Each other variant (PEAK_VARIANTS) runs at the first C only.
+    `profile`: a directory for py-spy's stacks of the server and engine core over each variant's
+    first burst."""
     from rlfleet.config.placement import assign_gpus, gpu_defaults
     from rlfleet.inference.server import launch_replicas, stop_replicas
 
@@ -248,10 +290,17 @@ def engine_peak(
         )  # a fresh server's first bursts are slow
         for variant, c in runs:
             tries = []
-            for _ in range(reps):
+            for rep in range(reps):
+                spy = (
+                    _profile(replicas[0].process.pid, 20, profile / f"{variant}_{c}.txt")
+                    if profile and not rep
+                    else None
+                )
                 t = time.perf_counter()
                 tokens = asyncio.run(_burst(url, c, max_tokens, seed_ids, **PEAK_VARIANTS[variant]))
                 tries.append(tokens / (time.perf_counter() - t))
+                if spy:
+                    spy.wait()
             key = str(c) if variant == "as_sent" else f"{c}_{variant}"
             out["by_concurrency"][key] = {"tokens": tokens, "tokens_per_s": max(tries), "tries": tries}
             print(f"engine peak C={c} {variant}: {max(tries):.0f} tokens/s (best of {tries})", flush=True)
