@@ -41,7 +41,8 @@ from rlfleet.trainer.parallel import Parallel
 from rlfleet.trainer.tiny import make_tiny_model
 from rlfleet.trainer.train import LM_HEAD_CHUNK, Policy, load_model, make_optimizer, train_step
 from rlfleet.weights.client import load_rpc
-from rlfleet.weights.tickets import ticket, write_served
+from rlfleet.weights.controller import make_controller
+from rlfleet.weights.tickets import write_served
 from tests.conftest import free_port
 
 PROMPT = [1, *range(40, 100)]  # 61 tokens: past Gemma's 32-token sliding window
@@ -263,7 +264,7 @@ class Sender:
         sender.start()
         try:
             t1 = time.perf_counter()
-            times = engine.load(ticket(self.store, step, name))
+            times = engine.load(make_controller(name).ticket(self.store, step))
             loaded = time.perf_counter() - t1
         finally:
             sender.join(timeout=120)

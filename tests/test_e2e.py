@@ -260,7 +260,7 @@ def test_weight_transports_change_served_logprobs(tiny_model, tmp_path):
     from rlfleet.trainer.loss import token_logprobs
     from rlfleet.trainer.parallel import Parallel
     from rlfleet.weights.nccl import NcclPublisher
-    from rlfleet.weights.tickets import served_step, ticket
+    from rlfleet.weights.tickets import served_step, trainer_ticket
 
     port = free_port()
     long = {"weights.nccl-port": str(port), "inference.max-model-len": "1024"}  # room for a long request
@@ -281,7 +281,7 @@ def test_weight_transports_change_served_logprobs(tiny_model, tmp_path):
         sender = threading.Thread(target=publisher.serve, args=(step,))
         sender.start()  # blocks in the broadcast until the server's worker joins it
         try:
-            return pool.broadcast(ticket(store, step, "nccl"))
+            return pool.broadcast(trainer_ticket(store, step, "nccl"))
         finally:
             sender.join(timeout=60)
 

@@ -16,7 +16,7 @@ from rlfleet.store import RunStore
 from rlfleet.trainer.parallel import Parallel
 from rlfleet.weights import tensors
 from rlfleet.weights.nccl import NcclPublisher, SenderDied, open_group, receive
-from rlfleet.weights.tickets import served_step, ticket, wait_served, write_served
+from rlfleet.weights.tickets import served_step, trainer_ticket, wait_served, write_served
 from tests.conftest import free_port
 
 
@@ -54,7 +54,7 @@ def test_wait_served_blocks_until_the_controller_acknowledges(tmp_path):
 
 def test_missing_ticket_names_the_step(tmp_path):
     with pytest.raises(FileNotFoundError, match="no nccl weights ticket for step 7"):
-        ticket(RunStore(str(tmp_path)), 7, "nccl")
+        trainer_ticket(RunStore(str(tmp_path)), 7, "nccl")
 
 
 def _receiver(port: int, out_dir: str, steps: int, q) -> None:
@@ -65,7 +65,7 @@ def _receiver(port: int, out_dir: str, steps: int, q) -> None:
     for step in range(steps):
         while not store.exists(f"sync/step_{step}.json"):
             time.sleep(0.01)
-        t = ticket(store, step, "nccl")
+        t = trainer_ticket(store, step, "nccl")
         g = t["group"]
         if g["id"] not in groups:  # a new sender (a relaunched trainer) means a new group
             groups[g["id"]] = open_group(g["host"], g["port"], 1, g["world"], torch.device("cpu"), 30)
@@ -164,7 +164,7 @@ def test_nccl_regroup_brings_a_relaunched_receiver_to_the_newest_weights(tmp_pat
     """A send nobody will receive (its receiver died) is abandoned for a new group once the
     controller asks (`regroup`); a new receiver joins it and gets exactly the newest weights. A
     trainer idle between steps answers from `poll`. The step's ticket names the new group."""
-    from rlfleet.weights.tickets import regroup
+    from rlfleet.weights.controller import regroup
 
     store = RunStore(str(tmp_path))
     ctx = mp.get_context("spawn")
@@ -204,7 +204,7 @@ def test_nccl_regroup_brings_a_relaunched_receiver_to_the_newest_weights(tmp_pat
     # its send to the dead member fails or hangs; either way the regroup request moves it on
     first, step, got = regroup_with("", lambda done: pub.serve(1))
     assert step == 1 and first["step"] == 1 and first["group"]["id"].startswith("regroup-")
-    assert ticket(store, 1, "nccl")["group"] == first["group"]
+    assert trainer_ticket(store, 1, "nccl")["group"] == first["group"]
     assert all(torch.equal(sent[k], got[k]) for k in sent)
 
     def idle(done: threading.Event) -> None:  # the trainer waiting for its next batch
@@ -215,6 +215,6 @@ def test_nccl_regroup_brings_a_relaunched_receiver_to_the_newest_weights(tmp_pat
     write_served(store, 1)
     second, step, got = regroup_with(first["group"]["id"], idle)
     assert step == 1 and second["group"]["id"] != first["group"]["id"]
-    assert ticket(store, 1, "nccl")["group"] == second["group"]
+    assert trainer_ticket(store, 1, "nccl")["group"] == second["group"]
     assert all(torch.equal(sent[k], got[k]) for k in sent)
     pub.close()

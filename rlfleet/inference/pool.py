@@ -2,7 +2,8 @@
 
 A run's pool lives in the controlling process across tasks (held by `rlfleet.runs.handles`), so
 the `rollout` task can ask it for healthy URLs and a replica that died is relaunched directly from
-the newest published weights.
+the newest published weights. Whatever differs by weight transport the pool asks of the ticket
+it holds (`weights.controller`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from rlfleet.net import tls
 from rlfleet.procs import wait_until
 from rlfleet.store import run_store
 from rlfleet.weights.client import load
-from rlfleet.weights.tickets import regroup, write_served
+from rlfleet.weights.controller import make_controller
+from rlfleet.weights.tickets import write_served
 
 log = logging.getLogger("rlfleet.inference")
 
@@ -104,12 +106,10 @@ class InferencePool:
             self.replicas = launch_replicas(self.cfg, self.weights_path)
             self.versions = {}
             self.asleep = False
-            self.unsynced = self.ticket is not None and self.ticket["transport"] != "filesystem"
+            self.unsynced = self.ticket is not None
             write_served(run_store(self.cfg.output_dir), self.policy_step)
         if self.unsynced:
             self._resync()
-            for r in self.relaunched:  # what they serve now (nccl: maybe the step after)
-                r["weights"] = self.policy_step
         return self.urls
 
     def take_relaunched(self) -> list[dict[str, Any]]:
@@ -117,19 +117,24 @@ class InferencePool:
         return out
 
     def _resync(self) -> None:
-        """Relaunched replicas started from files; bring them to the weights the pool serves.
-        cuda_ipc: the trainer still holds them. nccl: the trainer builds a group that includes the
-        new workers and sends its newest weights (the served step or one newer) to every replica."""
+        """Relaunched replicas started from files; their transport brings every replica to the
+        weights the pool serves (nccl: maybe the step after). A failure leaves them unsynced, and
+        the next `ensure` tries again."""
         assert self.ticket is not None
-        ticket = self.ticket
-        if ticket["transport"] == "nccl":
-            ticket = regroup(run_store(self.cfg.output_dir), self.cfg.weights.timeout_s)
-        log.warning(
-            "relaunched vLLM replicas: loading step %d through %s", ticket["step"], ticket["transport"]
+        store = run_store(self.cfg.output_dir)
+        ticket = make_controller(self.ticket["transport"]).resync(
+            store, self.ticket, self.cfg.weights.timeout_s
         )
-        self._load_all(self.urls, ticket)
-        self.policy_step, self.ticket, self.unsynced = ticket["step"], ticket, False
-        write_served(run_store(self.cfg.output_dir), self.policy_step)
+        if ticket is not None:
+            log.warning(
+                "relaunched vLLM replicas: loading step %d through %s", ticket["step"], ticket["transport"]
+            )
+            self._load_all(self.urls, ticket)
+            self.policy_step, self.ticket = ticket["step"], ticket
+            write_served(store, self.policy_step)
+            for r in self.relaunched:  # what they serve now
+                r["weights"] = self.policy_step
+        self.unsynced = False
 
     def broadcast(self, ticket: dict[str, Any]) -> dict[str, Any]:
         """Load a weights ticket (rlfleet/weights) on every replica at once, requests in flight
@@ -140,9 +145,8 @@ class InferencePool:
     def _broadcast(self, ticket: dict[str, Any]) -> dict[str, Any]:
         start = time.perf_counter()
         urls = self._ensure()
-        if ticket["step"] <= self.policy_step and ticket["transport"] == "nccl":
-            # a relaunched replica's regroup (ensure) already brought every replica here; the
-            # trainer sent those weights once and sends nothing more for this step
+        transport = make_controller(ticket["transport"])
+        if transport.skip(ticket, self.policy_step):  # nccl: a relaunch's regroup brought them here
             return self._loaded(start, [])
         if self.asleep:  # weight memory first, then the new weights, then the KV cache
             self._post_all(urls, "wake_up", params={"tags": "weights"})
@@ -151,8 +155,7 @@ class InferencePool:
             self._post_all(urls, "wake_up", params={"tags": "kv_cache"})
             self.asleep = False
         self.policy_step, self.ticket = ticket["step"], ticket
-        if ticket["transport"] == "filesystem":
-            self.weights_path = ticket["path"]
+        self.weights_path = transport.files(ticket) or self.weights_path
         write_served(run_store(self.cfg.output_dir), self.policy_step)  # the cuda_ipc trainer waits on it
         return self._loaded(start, calls)
 

@@ -9,6 +9,7 @@ from rlfleet.config.models import RLConfig
 from rlfleet.config.placement import assign_gpus, gpu_defaults, split_cpus
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.store import run_store
+from rlfleet.weights.controller import make_controller
 
 
 def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> dict[str, str]:
@@ -49,16 +50,12 @@ def preflight(cfg: RLConfig, ports: bool = True) -> tuple[list[str], list[str]]:
     except ConfigError as e:
         problems.append(str(e))
         gpus = ([], [])
-    ipc = cfg.weights.transport == "cuda_ipc"
-    needs_shared_gpu = {
-        "weights.transport: cuda_ipc maps the trainer's GPU memory into vLLM, so it": ipc,
-        "inference.sleep": cfg.inference.sleep,
-    }
-    for field, on in needs_shared_gpu.items():
-        if on and not set(gpus[0]) & set(gpus[1]):
-            problems.append(
-                f"{field} needs vLLM and the trainer on one GPU; they got {gpus[0] or 'none'} and {gpus[1] or 'none'}"
-            )
+    if problem := make_controller(cfg.weights.transport).placement(*gpus):
+        problems.append(problem)
+    if cfg.inference.sleep and not set(gpus[0]) & set(gpus[1]):
+        problems.append(
+            f"inference.sleep needs vLLM and the trainer on one GPU; they got {gpus[0] or 'none'} and {gpus[1] or 'none'}"
+        )
     raise_if(problems)
     return gpus
 

@@ -34,7 +34,7 @@ from rlfleet.store import RunStore, run_store, step_dir
 from rlfleet.tasks.storage import result_storage
 from rlfleet.trainer.files import is_checkpoint_step, latest_checkpoint
 from rlfleet.trainer.launch import TrainerProcess
-from rlfleet.weights.tickets import live_ticket, ticket
+from rlfleet.weights.controller import Sender, files_ticket, make_controller
 
 
 def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
@@ -89,7 +89,7 @@ def launch_inference_pool(cfg: RLConfig, resume_from: int, run: RunHandles) -> d
     """Start (or health-check) the vLLM replicas; a resumed run loads its checkpointed weights."""
     pool = run.pool
     if resume_from >= 0 and pool.policy_step != resume_from:
-        out = pool.broadcast(ticket(_store(cfg), resume_from, "filesystem"))
+        out = pool.broadcast(files_ticket(_store(cfg), resume_from))
     else:
         out = {"step": pool.policy_step, "replicas": pool.ensure()}
     for rep in pool.replicas:  # start time and KV cache size, where the user looks
@@ -210,19 +210,14 @@ def train(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
 
 @task(name="broadcast_weights", task_run_name="broadcast_weights-{step}", cache_policy=NO_CACHE)
 def broadcast_weights(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
-    """Find step N's weights for the run's transport (filesystem: check and stage the newest
-    published snapshot; local ones were hashed by the trainer, so sizes are checked, not sha256),
-    then pause -> load -> resume every replica. nccl weights are sent by the trainer that wrote
-    the ticket: if it died (killed mid-send, say), it is relaunched here and its replay of step N
-    writes a ticket this waits for."""
+    """Find step N's weights for the run's transport (`weights.controller`: filesystem checks and
+    stages the newest published snapshot), then pause -> load -> resume every replica. A trainer
+    that sends the weights itself (nccl) and died, killed mid-send say, is relaunched here; its
+    replay of step N writes the ticket the transport waits for."""
     pool = run.pool
     t0 = time.perf_counter()
-    store = _store(cfg)
-    if cfg.weights.transport == "nccl":
-        trainer = _running_trainer(cfg, run, step, step + 1)  # it redoes step N too
-        weights = live_ticket(store, step, lambda: trainer.failure(store, step), cfg.tasks.step_timeout_s)
-    else:
-        weights = ticket(store, step, cfg.weights.transport)
+    sender = Sender(lambda: _running_trainer(cfg, run, step, step + 1), cfg.tasks.step_timeout_s)
+    weights = make_controller(cfg.weights.transport).ticket(_store(cfg), step, sender)
     fetch = time.perf_counter() - t0
     out = pool.broadcast(weights)
     report_relaunches(cfg, pool)

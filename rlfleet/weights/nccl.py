@@ -14,11 +14,11 @@ trainer replaying steps the replicas already hold (`run/weights_served.json`) se
 A trainer that dies mid-send must not leave a worker in the collective until the timeout (prime-rl
 #1667): the ticket names the sending process, a receiver polls its work and aborts the group once
 that process is gone, and the controller relaunches the trainer and waits for a ticket whose
-sender runs (`tasks/rl.py`). Every member is on one node (`config/weights.py`), so "gone" is a
+sender runs (`controller.Nccl`). Every member is on one node (`config/weights.py`), so "gone" is a
 local process check.
 
 A relaunched vLLM replica is a new member, and a group cannot grow: the controller asks for a new
-one (`regroup`, `sync/regroup.json`). The trainer answers between steps or from inside a send it
+one (`controller.regroup`, `sync/regroup.json`). The trainer answers between steps or from inside a send it
 is waiting on (which it abandons): it opens a group with the request's id, rewrites its newest
 ticket to name it, writes that ticket as the answer (`sync/regrouped.json`) and sends those
 weights again; the controller loads the answer on every replica, old and new. The newest weights

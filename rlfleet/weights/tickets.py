@@ -1,23 +1,21 @@
-"""What step N's weights are, per transport, and which step the replicas hold.
+"""What both sides of the seam share: where tickets are, and which step the replicas hold.
 
 A ticket is a small JSON dict: `{"transport", "step", ...}`. The filesystem's names a local
-directory (`newest_weights`: also the fallback every transport shares, for a resumed run and a
-relaunched replica); the others are written by the trainer to `sync/step_N.json`
-before it reports step N done, and say where vLLM finds the tensors. `run/weights_served.json` is
-the controller's acknowledgement (the step every replica holds): the cuda_ipc publisher waits on it
-before it overwrites a buffer a replica might still need. The controller's side of nccl's
-handshakes lives here too (`live_ticket`, `regroup`): the flow imports this module, not torch.
+directory (`newest_weights`: also what a resumed run and a relaunched replica start from, any
+transport); the others are written by the trainer to `sync/step_N.json` before it reports step N
+done, and say where vLLM finds the tensors. `run/weights_served.json` is the controller's
+acknowledgement (the step every replica holds): the cuda_ipc publisher waits on it before it
+overwrites a buffer a replica might still need. The controller's rules per transport, nccl's
+handshakes included, are `controller.py`. Import-light: the flow imports this module, not torch.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Callable
 from typing import Any
 
-from rlfleet.procs import running, this_process
+from rlfleet.procs import running
 from rlfleet.store import CorruptArtifact, RunStore, stage, step_dir
 
 log = logging.getLogger("rlfleet.weights")
@@ -33,11 +31,9 @@ def ticket_rel(step: int) -> str:
     return f"sync/step_{step}.json"
 
 
-def ticket(store: RunStore, step: int, transport: str) -> dict[str, Any]:
-    """The ticket for `step` (filesystem: the newest verified weights at or before it)."""
-    if transport == "filesystem":
-        s, path = newest_weights(store, step, checksum=False)
-        return {"transport": "filesystem", "step": s, "path": path}
+def trainer_ticket(store: RunStore, step: int, transport: str) -> dict[str, Any]:
+    """The ticket the trainer wrote for `step`: a transport that sends tensors, not files
+    (cuda_ipc, nccl), writes one per step. `transport` names it in the error."""
     rel = ticket_rel(step)
     if not store.exists(rel):
         raise FileNotFoundError(f"no {transport} weights ticket for step {step} ({store.uri(rel)})")
@@ -67,40 +63,6 @@ def wait_served(store: RunStore, step: int, timeout_s: float, poll_s: float = 0.
 def sender_running(ticket: dict[str, Any]) -> bool:
     g = ticket["group"]
     return running(g["pid"], g["started"])
-
-
-def live_ticket(
-    store: RunStore, step: int, failure: Callable[[], Exception | None], timeout_s: float, poll_s: float = 0.2
-) -> dict[str, Any]:
-    """Step N's ticket, once its sender runs: a relaunched trainer replays up to step N and writes
-    it again. `failure()` names a trainer that died meanwhile (raised)."""
-    deadline = time.monotonic() + timeout_s
-    while not sender_running(t := ticket(store, step, "nccl")):
-        if (error := failure()) is not None:
-            raise error
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no running trainer wrote the step {step} nccl ticket in {timeout_s:.0f} s")
-        time.sleep(poll_s)
-    return t
-
-
-def regroup(store: RunStore, timeout_s: float, poll_s: float = 0.05) -> dict[str, Any]:
-    """The controller's side: ask the trainer for a new group and return its answer, a ticket of
-    the newest weights to load on every replica. Raises TimeoutError if no running trainer answers
-    in `timeout_s` (a dead one is relaunched by the next task; the request stays and is answered then)."""
-    request_id = f"regroup-{os.getpid()}-{time.time_ns()}"
-    store.write_json(REGROUP, {"id": request_id, "by": this_process()})
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if store.exists(REGROUPED):
-            answer = store.read_json(REGROUPED)
-            if answer["group"]["id"] == request_id and sender_running(answer):
-                return answer
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"no running trainer answered the weight-sync regroup request in {timeout_s:.0f} s"
-            )
-        time.sleep(poll_s)
 
 
 WEIGHTS_CACHED = 2  # staged snapshots a node keeps: the one served and the one replacing it

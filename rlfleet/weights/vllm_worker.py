@@ -1,6 +1,7 @@
 """rlfleet's methods inside each vLLM worker (`--worker-extension-cls`), reached by
 `POST /collective_rpc {"method": "rlfleet_load", "args": [<ticket JSON>]}` on every worker: every
-transport's ticket, the filesystem's included, ends in `vllm_reload.reload_in_place`.
+transport's ticket, the filesystem's included, becomes (name, tensor) pairs by its receiver
+(`RECEIVE`) and ends in `vllm_reload.reload_in_place`.
 
 Loaded inside vLLM's worker processes: it imports this package's transport modules (torch and
 rlfleet's engine packages), never Prefect.
@@ -10,9 +11,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+
+Weights = Iterable[tuple[str, torch.Tensor]]
 
 
 class WeightSync:
@@ -20,38 +24,18 @@ class WeightSync:
 
     def rlfleet_load(self, ticket_json: str, rank_base: str = "1") -> dict[str, Any]:
         """Load a ticket's weights in place (`vllm_reload.reload_in_place`, for every transport)."""
-        ticket = json.loads(ticket_json)
-        t0 = time.perf_counter()
-        device = getattr(self, "device", torch.device("cpu"))
-        buckets = None
-        if ticket["transport"] == "filesystem":
-            weights = self._rlfleet_files(ticket["path"])
-        elif ticket["transport"] == "cuda_ipc":
-            from rlfleet.weights.cuda_ipc import open_buffers
-
-            buckets = open_buffers(ticket, device)
-        elif ticket["transport"] == "nccl":
-            from rlfleet.weights.nccl import receive
-
-            group = self._rlfleet_group(ticket, int(rank_base), device)
-            try:
-                buckets = receive(ticket, group, device)
-            except BaseException:
-                self._rlfleet_pg = None  # aborted or broken: the next ticket builds a new one
-                raise
-        else:
-            raise ValueError(f"rlfleet_load: unknown transport {ticket['transport']!r}")
-        if buckets is not None:
-            from rlfleet.weights.tensors import views
-
-            weights = views(buckets, ticket["layout"])
-        got = time.perf_counter()
         from rlfleet.weights.vllm_reload import reload_in_place
 
+        ticket = json.loads(ticket_json)
+        if (receive := RECEIVE.get(ticket["transport"])) is None:
+            raise ValueError(f"rlfleet_load: unknown transport {ticket['transport']!r}")
+        t0 = time.perf_counter()
+        device = getattr(self, "device", torch.device("cpu"))
+        weights = receive(self, ticket, int(rank_base), device)
+        got = time.perf_counter()
         reload_in_place(self.model_runner.model, self.model_config, weights)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        del buckets
         return {"step": ticket["step"], "transfer_s": got - t0, "load_s": time.perf_counter() - got}
 
     def _rlfleet_files(self, path: str):
@@ -100,3 +84,35 @@ class WeightSync:
             pg = open_group(g["host"], g["port"], rank, g["world"], device, ticket["timeout_s"])
             self._rlfleet_pg = (g["id"], pg)
         return self._rlfleet_pg[1]
+
+
+def _files(worker: WeightSync, ticket: dict[str, Any], rank_base: int, device: torch.device) -> Weights:
+    return worker._rlfleet_files(ticket["path"])  # read lazily, as the load consumes them
+
+
+def _cuda_ipc(worker: WeightSync, ticket: dict[str, Any], rank_base: int, device: torch.device) -> Weights:
+    from rlfleet.weights.cuda_ipc import open_buffers
+    from rlfleet.weights.tensors import views
+
+    return views(open_buffers(ticket, device), ticket["layout"])
+
+
+def _nccl(worker: WeightSync, ticket: dict[str, Any], rank_base: int, device: torch.device) -> Weights:
+    from rlfleet.weights.nccl import receive
+    from rlfleet.weights.tensors import views
+
+    group = worker._rlfleet_group(ticket, rank_base, device)
+    try:
+        buckets = receive(ticket, group, device)
+    except BaseException:
+        worker._rlfleet_pg = None  # aborted or broken: the next ticket builds a new one
+        raise
+    return views(buckets, ticket["layout"])
+
+
+# How each transport's ticket becomes (name, tensor) pairs in this worker: the vLLM side of the seam.
+RECEIVE: dict[str, Callable[[WeightSync, dict[str, Any], int, torch.device], Weights]] = {
+    "filesystem": _files,
+    "cuda_ipc": _cuda_ipc,
+    "nccl": _nccl,
+}

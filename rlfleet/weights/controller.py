@@ -1,0 +1,191 @@
+"""The controller's side of the seam: one class per transport, picked by name (`make_controller`).
+
+Each class owns every controller-side rule that differs by transport: where step N's ticket comes
+from (`ticket`), what replicas relaunched from files load to serve the pool's weights again
+(`resync`), which broadcast loads nothing (`skip`), which directory a relaunch starts from
+(`files`) and where vLLM and the trainer must run (`placement`, for preflight). The pool, the
+broadcast task and preflight ask these and never test a transport's name; a new transport is one
+class here and one entry in `CONTROLLERS` (and its publisher and worker receiver).
+
+The pool picks by the ticket it holds, not by the config: a resumed run loads files whatever its
+transport, and a replica relaunched then needs nothing more. The classes hold no state and no
+store (`run_store` is opened per call, so that a credentials change reaches it). Import-light:
+the flow imports this module, never torch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from rlfleet.procs import this_process
+from rlfleet.store import RunStore
+from rlfleet.weights.tickets import REGROUP, REGROUPED, newest_weights, sender_running, trainer_ticket
+
+Ticket = dict[str, Any]  # JSON: it crosses into vLLM's workers and the trainer's process
+
+
+class Trainer(Protocol):
+    """The trainer as the controller watches it (`trainer.launch.TrainerProcess`)."""
+
+    def failure(self, store: RunStore, step: int) -> Exception | None:
+        """The error to raise if it died, else None."""
+
+
+@dataclass(frozen=True)
+class Sender:
+    """How the broadcast keeps the trainer that sends step N's weights running (nccl)."""
+
+    running: Callable[[], Trainer]  # the trainer, relaunched if it died: it replays step N
+    timeout_s: float  # how long to wait for a ticket whose sender runs (a replay included)
+
+
+class ControllerTransport(Protocol):
+    name: ClassVar[str]
+
+    def ticket(self, store: RunStore, step: int, sender: Sender | None = None) -> Ticket:
+        """Step N's ticket for the broadcast. `sender` keeps a sending trainer running; without
+        one the ticket is taken as written (a sender in this process: tests, benchmarks)."""
+
+    def resync(self, store: RunStore, held: Ticket, timeout_s: float) -> Ticket | None:
+        """What replicas relaunched from `files` load, every replica together, to serve `held`
+        again; None: the files are `held`'s weights."""
+
+    def skip(self, ticket: Ticket, served: int) -> bool:
+        """Whether broadcasting `ticket` to replicas that serve step `served` loads nothing."""
+
+    def files(self, ticket: Ticket) -> str | None:
+        """The directory holding `ticket`'s weights, which a relaunched replica starts from;
+        None: not in files (the pool keeps the last directory it had)."""
+
+    def placement(self, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
+        """Why this transport cannot run with vLLM and the trainer on these GPUs, else None."""
+
+
+def files_ticket(store: RunStore, step: int) -> Ticket:
+    """The newest verified weights at or before `step`: what a resumed run loads, any transport.
+    Sizes only (checksum=False): this run's trainer hashed them as it wrote them."""
+    s, path = newest_weights(store, step, checksum=False)
+    return {"transport": "filesystem", "step": s, "path": path}
+
+
+class Filesystem:
+    """`weights/step_N`, reloaded in place; a relaunched replica starts from the same files."""
+
+    name = "filesystem"
+
+    def ticket(self, store: RunStore, step: int, sender: Sender | None = None) -> Ticket:
+        return files_ticket(store, step)
+
+    def resync(self, store: RunStore, held: Ticket, timeout_s: float) -> Ticket | None:
+        return None
+
+    def skip(self, ticket: Ticket, served: int) -> bool:
+        return False
+
+    def files(self, ticket: Ticket) -> str | None:
+        return ticket["path"]
+
+    def placement(self, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
+        return None
+
+
+class CudaIpc:
+    """The trainer's GPU buffers, mapped by vLLM. The trainer keeps the served step's buffer until
+    the controller acknowledges the next (`write_served`), so a relaunched replica maps it again."""
+
+    name = "cuda_ipc"
+
+    def ticket(self, store: RunStore, step: int, sender: Sender | None = None) -> Ticket:
+        return trainer_ticket(store, step, self.name)
+
+    def resync(self, store: RunStore, held: Ticket, timeout_s: float) -> Ticket | None:
+        return held
+
+    def skip(self, ticket: Ticket, served: int) -> bool:
+        return False
+
+    def files(self, ticket: Ticket) -> str | None:
+        return None
+
+    def placement(self, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
+        if set(inference_gpus) & set(trainer_gpus):
+            return None
+        return (
+            "weights.transport: cuda_ipc maps the trainer's GPU memory into vLLM, so it needs vLLM and "
+            f"the trainer on one GPU; they got {inference_gpus or 'none'} and {trainer_gpus or 'none'}"
+        )
+
+
+class Nccl:
+    """A broadcast from the trainer, which sends each step once, to a group that cannot grow: a
+    relaunched replica needs a new group (`regroup`), and the trainer's answer brings every
+    replica to its newest weights, so the broadcast of a step the pool then serves loads nothing."""
+
+    name = "nccl"
+
+    def ticket(self, store: RunStore, step: int, sender: Sender | None = None) -> Ticket:
+        if sender is None:
+            return trainer_ticket(store, step, self.name)
+        trainer = sender.running()
+        return live_ticket(store, step, lambda: trainer.failure(store, step), sender.timeout_s)
+
+    def resync(self, store: RunStore, held: Ticket, timeout_s: float) -> Ticket | None:
+        return regroup(store, timeout_s)
+
+    def skip(self, ticket: Ticket, served: int) -> bool:
+        return ticket["step"] <= served
+
+    def files(self, ticket: Ticket) -> str | None:
+        return None
+
+    def placement(self, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
+        return None  # one node, one trainer rank: the config's own check (`config.weights`)
+
+
+CONTROLLERS: dict[str, ControllerTransport] = {c.name: c for c in (Filesystem(), CudaIpc(), Nccl())}
+
+
+def make_controller(transport: str) -> ControllerTransport:
+    """The controller's rules for `transport`: `weights.transport`, or a held ticket's."""
+    try:
+        return CONTROLLERS[transport]
+    except KeyError:
+        raise ValueError(f"unknown weights transport {transport!r}; known: {sorted(CONTROLLERS)}") from None
+
+
+def live_ticket(
+    store: RunStore, step: int, failure: Callable[[], Exception | None], timeout_s: float, poll_s: float = 0.2
+) -> Ticket:
+    """Step N's nccl ticket, once its sender runs: a relaunched trainer replays up to step N and
+    writes it again. `failure()` names a trainer that died meanwhile (raised)."""
+    deadline = time.monotonic() + timeout_s
+    while not sender_running(t := trainer_ticket(store, step, "nccl")):
+        if (error := failure()) is not None:
+            raise error
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no running trainer wrote the step {step} nccl ticket in {timeout_s:.0f} s")
+        time.sleep(poll_s)
+    return t
+
+
+def regroup(store: RunStore, timeout_s: float, poll_s: float = 0.05) -> Ticket:
+    """Ask the trainer for a new nccl group and return its answer, a ticket of the newest weights
+    to load on every replica. Raises TimeoutError if no running trainer answers in `timeout_s` (a
+    dead one is relaunched by the next task; the request stays and is answered then)."""
+    request_id = f"regroup-{os.getpid()}-{time.time_ns()}"
+    store.write_json(REGROUP, {"id": request_id, "by": this_process()})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if store.exists(REGROUPED):
+            answer = store.read_json(REGROUPED)
+            if answer["group"]["id"] == request_id and sender_running(answer):
+                return answer
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"no running trainer answered the weight-sync regroup request in {timeout_s:.0f} s"
+            )
+        time.sleep(poll_s)
