@@ -11,7 +11,7 @@
 Trainer side: `publisher.make_publisher(...)`. Controller side: `tickets.ticket(...)` says what
 step N is for the chosen transport and `client.load(url, ticket)` hands it to a replica, whose
 worker runs `vllm_worker.WeightSync`; every transport's load ends in `vllm_reload.reload_in_place`
-and sends what `tensors.sent_tensors` picks. Checkpoints and resumes load files; a relaunched replica
+and sends what `tensors.sent_tensors` picks (under LoRA, merged weights). Checkpoints and resumes load files; a relaunched replica
 starts from files and its transport brings it to the served weights (`InferencePool._resync`).
 This module stays import-light: the vLLM server command line and the flow import it.
 """
