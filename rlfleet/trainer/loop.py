@@ -4,9 +4,9 @@ Setup: process group, model (from the latest complete checkpoint, else `model.pa
 base from `model.path` and the adapters from the checkpoint), optimizer, lr schedule at the resumed
 step, the data source, a warm-up. Loop: the source's batch and objective, one optimizer step, the
 source's publish (RL: weights to vLLM), a checkpoint when due (`CheckpointManager`), the source's
-metrics record. Teardown: finish the checkpoint write in
-flight and leave any error in `run/trainer_error.json` for whoever launched the trainer
-(`record_trainer_error`): it decides between a retry and failing fast.
+metrics record. Teardown: finish the checkpoint write in flight and leave any error in
+`run/trainer_error.json` for whoever launched the trainer (`record_trainer_error`): it decides
+between a retry and failing fast.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlfleet.config.lora import DEFAULT_TARGETS, PEFT_MISSING, LoraConfig
+from rlfleet.config.lora import DEFAULT_TARGETS, PEFT_MISSING, UNSUPPORTED_TARGETS, LoraConfig
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -70,7 +70,10 @@ def wrap(lm: PreTrainedModel, cfg: LoraConfig) -> PeftModel:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    linear = sorted({n.rsplit(".", 1)[-1] for n, m in lm.named_modules() if isinstance(m, torch.nn.Linear)})
+    linear = sorted(
+        {n.rsplit(".", 1)[-1] for n, m in lm.named_modules() if isinstance(m, torch.nn.Linear)}
+        - set(UNSUPPORTED_TARGETS)
+    )  # for the messages: what could have been named
     try:
         model = peft.get_peft_model(lm, config)
     except ValueError as e:  # PEFT: no target matched at all
