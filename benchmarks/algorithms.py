@@ -49,7 +49,8 @@ def sft(out: Path) -> Path:
     return out / "weights" / "step_99"
 
 
-def variant(name: str, weights: Path, out: Path, steps: int) -> dict[str, Any]:
+def variant(name: str, weights: Path, out: Path, steps: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One `rl` run of the variant `name` from `weights`; `extra`: more overrides (benchmarks/lora_arith.py)."""
     loss, dynamic = name.removesuffix("+ds"), name.endswith("+ds")
     args = [
         "@",
@@ -58,6 +59,7 @@ def variant(name: str, weights: Path, out: Path, steps: int) -> dict[str, Any]:
         str(ARITH / "eval.toml"),
         *LOSSES[loss],
         *(DYNAMIC if dynamic else []),
+        *extra,
     ]
     args += ["--model.path", str(weights), "--output-dir", str(out), "--max-steps", str(steps)]
     args += ["--inference.port", str(free_port()), "--wandb.mode", "disabled"]

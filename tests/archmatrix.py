@@ -32,10 +32,12 @@ from typing import Any
 import torch
 
 from rlfleet.batches import micro_batches
+from rlfleet.config.lora import LoraConfig
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import InferenceJobConfig, ModelConfig, TrainerConfig
 from rlfleet.orchestrator.rollout import single_turn
 from rlfleet.store import RunStore
+from rlfleet.trainer.lora import wrap
 from rlfleet.trainer.losses.objective import PolicyLoss
 from rlfleet.trainer.parallel import Parallel
 from rlfleet.trainer.tiny import make_tiny_model
@@ -318,11 +320,14 @@ def run_arch(
     transports: tuple[str, ...],
     device: torch.device,
     nccl_device: torch.device | None = None,
+    lora: LoraConfig | None = None,
 ) -> dict[str, Any]:
     """The matrix row of `arch` (its model at `model_dir`); `engine_for(model_dir)` starts vLLM on
-    it. The row says what held; `row_ok` says what did not (the caller asserts or records)."""
+    it. The row says what held; `row_ok` says what did not (the caller asserts or records).
+    `lora`: the trainer trains adapters on the frozen model, and vLLM gets the merged weights."""
     gpu = device.type == "cuda"
-    policy = Policy(load_model(str(model_dir), "float32", device), lm_head_chunk=LM_HEAD_CHUNK[device.type])
+    lm = load_model(str(model_dir), "float32", device)
+    policy = Policy(lm if lora is None else wrap(lm, lora), lm_head_chunk=LM_HEAD_CHUNK[device.type])
     tc = TrainerConfig(lr=1e-2)
     opt = make_optimizer(policy, tc)
     row: dict[str, Any] = {"arch": arch, "transports": {}}

@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
+from rlfleet.config.lora import LoraConfig
 from rlfleet.trainer.tiny import ARCHS, SLIDING_WINDOW, make_tiny_model
 from rlfleet.trainer.train import Policy, load_model
 from tests.arch_fsdp import step
@@ -133,6 +134,18 @@ def test_vllm_serves_and_loads_every_transport(models, host, arch, tmp_path):
     print(json.dumps(row, default=str))
     assert row_ok(row, TOL) == [], json.dumps(row, indent=1, default=str)
     assert set(row["transports"]) == set(TRANSPORTS_CPU)
+
+
+@pytest.mark.e2e
+def test_vllm_serves_a_lora_policy_through_its_merged_weights(models, host, tmp_path):
+    """LoRA on Qwen2 (q/k/v biases, tied head), adapters on every projection: the merged start
+    weights reload bit for bit, and after an RL step through each transport vLLM's logprobs are
+    the trainer's (whose forward runs base + adapters, unmerged)."""
+    row = run_arch(
+        "qwen2", models["qwen2"], tmp_path, host.serve, TRANSPORTS_CPU, CPU, lora=LoraConfig(rank=8)
+    )
+    print(json.dumps(row, default=str))
+    assert row_ok(row, TOL) == [], json.dumps(row, indent=1, default=str)
 
 
 @pytest.mark.e2e

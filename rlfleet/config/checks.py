@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import socket
@@ -9,7 +10,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from rlfleet.config.loader import ConfigError
-from rlfleet.config.models import InferenceConfig, ModelConfig
+from rlfleet.config.lora import PEFT_MISSING
+from rlfleet.config.models import InferenceConfig, ModelConfig, TrainerConfig
 
 MODEL_FILES = ("config.json", "tokenizer_config.json")
 
@@ -44,6 +46,14 @@ def check_model(model: ModelConfig) -> list[str]:
     if not any(p.glob("*.safetensors")):
         missing.append("*.safetensors")
     return [f"model.path: {p} lacks {', '.join(missing)}"] if missing else []
+
+
+def check_lora(trainer: TrainerConfig) -> list[str]:
+    """`[trainer.lora]` needs the optional peft (whether its targets exist, the trainer says: the
+    model's layers are known only once it is built)."""
+    if trainer.lora is None or importlib.util.find_spec("peft") is not None:
+        return []
+    return [PEFT_MISSING]
 
 
 def check_output_dir(output_dir: str) -> list[str]:

@@ -22,6 +22,7 @@ from rlfleet.config.deployment import (
     check_slurm_fit,
 )
 from rlfleet.config.envs import EnvList, EvalEnvList, RepeatEnvConfig, RepeatEvalEnv, env_name, split_counts
+from rlfleet.config.lora import LoraConfig
 from rlfleet.config.loss import WithLoss
 from rlfleet.config.schedule import LRScheduleConfig
 from rlfleet.config.shaping import ShapingConfig
@@ -191,6 +192,9 @@ class TrainerConfig(Strict):
         description="Tokens per LM-head chunk for logprobs; 0 = full logits; unset = 8192 on a GPU, 0 on a CPU.",
     )
     compile: bool = Field(False, description="torch.compile each decoder layer and the chunked LM head.")
+    lora: LoraConfig | None = Field(
+        None, description="[trainer.lora]: train LoRA adapters on a frozen base; unset = full fine-tuning."
+    )
 
     @field_validator("betas")
     @classmethod

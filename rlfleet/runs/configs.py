@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlfleet.config.checks import check_model, check_output_dir, check_ports, raise_if
+from rlfleet.config.checks import check_lora, check_model, check_output_dir, check_ports, raise_if
 from rlfleet.config.deployment import slurm_missing
 from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.models import RLConfig
@@ -37,7 +37,7 @@ def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[s
 def preflight(cfg: RLConfig, ports: bool = True) -> tuple[list[str], list[str]]:
     """Check everything checkable before anything starts; returns (inference GPUs, trainer GPUs).
     ports=False: the run's replicas were started already (they hold the ports)."""
-    problems = check_model(cfg.model) + check_output_dir(cfg.output_dir)
+    problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_lora(cfg.trainer)
     problems += check_ports(cfg.inference) if ports else []
     problems += check_envs(cfg.orchestrator.env, "orchestrator.env")
     if cfg.eval.interval:

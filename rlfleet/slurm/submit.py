@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from rlfleet.config.checks import check_model, check_output_dir, raise_if
+from rlfleet.config.checks import check_lora, check_model, check_output_dir, raise_if
 from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.models import InferenceJobConfig, RLConfig, SFTConfig
 from rlfleet.orchestrator.envs import check_envs
@@ -82,6 +82,8 @@ def submit(command: str, cfg: AnyJob, env: dict[str, str] | None = None) -> dict
             "output_dir: a SLURM job writes its logs and configs to a shared filesystem path, not a URL"
         )
     problems = check_model(cfg.model) + check_output_dir(cfg.output_dir)
+    if not isinstance(cfg, InferenceJobConfig):
+        problems += check_lora(cfg.trainer)
     if isinstance(cfg, RLConfig):  # a bad env fails here, not minutes later inside the job
         problems += check_envs(cfg.orchestrator.env, "orchestrator.env")
     raise_if(problems)

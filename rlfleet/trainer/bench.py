@@ -91,7 +91,7 @@ def run_bench(cfg: TrainerJobConfig, loss: str = "grpo") -> dict[str, Any]:
     par, policy, optimizer = build(cfg, cfg.model.path, random_init=True)
     lm_config = policy.lm.config
     micro = fake_micro_batches(cfg, lm_config.vocab_size, b.micro_batches * par.world, loss)
-    ref = load_reference(cfg, par, policy.lm_head_chunk) if loss == "grpo" else None
+    ref = load_reference(cfg, par, policy) if loss == "grpo" else None
     objective = _objective(cfg, loss, micro, par.world, ref)
     cuda = par.device.type == "cuda"
     times, losses = [], []

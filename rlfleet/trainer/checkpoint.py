@@ -1,8 +1,12 @@
 """The trainer's one checkpoint owner: `CheckpointManager.load(step)`, then `save(step, ...)`.
 
-`checkpoints/step_N/`: the HF model (`model/`, what eval and a resume's `from_pretrained` read) and
-`optimizer.pt`, or under FSDP2 a torch.distributed.checkpoint (`dcp/`: every rank's shards, which
-a load reshards to any GPU count); the manifest holds the data cursor that came with batch N.
+`checkpoints/step_N/`: the HF model (`model/`, what eval, a relaunched vLLM and a resume's
+`from_pretrained` read) and the trainer state: `optimizer.pt`, or under FSDP2 a
+torch.distributed.checkpoint (`dcp/`: every rank's shards of the trained parameters and the
+optimizer, which a load reshards to any GPU count); the manifest holds the data cursor that came
+with batch N. Under LoRA the trainer state holds only what trains, the adapters (`adapter.pt` beside
+`optimizer.pt`, or in `dcp/`) and their optimizer state, and a resume puts them onto the base from
+`model.path`: `model/` is the merged model (plus PEFT's `adapter/`), for inference only.
 Built in a staging dir and published with sha256s: a crash mid-write leaves the previous one the
 latest complete one. A checkpoint costs the step a copy to CPU memory (exactly step N's state);
 one worker thread writes, publishes and prunes while the next steps train, one write at a time.
@@ -27,6 +31,7 @@ from rlfleet.store import RunStore, step_dir
 from rlfleet.store import stage as stage_locally
 from rlfleet.trainer import hf_export
 from rlfleet.trainer.files import latest_checkpoint, prune_steps
+from rlfleet.trainer.lora import peft_model
 from rlfleet.trainer.parallel import Parallel
 from rlfleet.trainer.train import init_optimizer_state
 
@@ -52,6 +57,7 @@ class CheckpointManager:
         self._pending: tuple[int, Future] | None = None
         self._group = None
         self._host = HostCopy(pinned=par.device.type == "cuda")
+        self.lora = peft_model(hf_export.hf_model(model)) is not None
         if par.enabled:  # DCP's collectives run in the worker thread: never on the training group
             import torch.distributed as dist
 
@@ -63,9 +69,17 @@ class CheckpointManager:
         if step is None:
             return 0
         store, rel = self.store, step_dir("checkpoints", step)
+        if bool((store.manifest(rel) or {}).get("lora")) != self.lora:
+            raise ValueError(
+                f"{rel} was trained {'with' if not self.lora else 'without'} [trainer.lora] and this "
+                f"config {'sets' if self.lora else 'does not set'} it: resume with the run's own setting, "
+                "or start a new output_dir"
+            )
+        lm = hf_export.hf_model(self.model)
         if store.exists(f"{rel}/optimizer.pt"):
-            data = io.BytesIO(store.read_bytes(f"{rel}/optimizer.pt"))
-            self.optimizer.load_state_dict(torch.load(data, map_location=self.par.device, weights_only=True))
+            if self.lora:
+                lm.load_state_dict(_trainable(lm, self._read(f"{rel}/adapter.pt")), strict=False)
+            self.optimizer.load_state_dict(self._read(f"{rel}/optimizer.pt"))
         else:  # into any world size, or no process group; from a verified local copy
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -73,11 +87,18 @@ class CheckpointManager:
             local = store.local_path(rel) if store.is_local else stage_locally(store, rel, keep=1)
             state = dcp_state(self.model, self.optimizer)
             dcp.load(state, checkpoint_id=str(local / "dcp"))
-            lm = hf_export.hf_model(self.model)
             set_state_dict(
-                lm, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+                lm,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+                options=_trainer_state_options(),
             )
         return step + 1
+
+    def _read(self, rel: str) -> dict[str, Any]:
+        data = io.BytesIO(self.store.read_bytes(rel))
+        return torch.load(data, map_location=self.par.device, weights_only=True)
 
     def prepare(self) -> float:
         """Make the host buffers of a sharded state at start-up, while vLLM starts; seconds spent.
@@ -137,6 +158,7 @@ class CheckpointManager:
             trainer_state = self._host(dcp_state(self.model, self.optimizer))
         else:
             optim = _cpu_copy(self.optimizer.state_dict())
+            adapter = _trainable(lm, state) if self.lora else None  # views of the copy just made
 
         def write() -> None:
             t0 = time.perf_counter()
@@ -151,8 +173,10 @@ class CheckpointManager:
                     return
             else:
                 torch.save(optim, staged / "optimizer.pt")
+                if adapter is not None:
+                    torch.save(adapter, staged / "adapter.pt")
             t2 = time.perf_counter()
-            store.publish_dir(staged, rel, {"step": step, "cursor": cursor})
+            store.publish_dir(staged, rel, {"step": step, "cursor": cursor, "lora": self.lora})
             log.info(
                 "checkpoint %d: HF export %.2f s, trainer state %.2f s, checksums and publish %.2f s",
                 step,
@@ -266,8 +290,26 @@ def _cpu_copy(obj: Any) -> Any:
     return tree_map(lambda x: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else x, obj)
 
 
+def _trainer_state_options() -> Any:
+    """The trained parameters only: frozen ones (a LoRA base) come from `model.path` on a resume.
+    Full fine-tuning freezes nothing, so there it is the whole model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
+def _trainable(lm: torch.nn.Module, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The entries of `sd` that are `lm`'s trained parameters; all of them must be there."""
+    names = [n for n, p in lm.named_parameters() if p.requires_grad]
+    if missing := [n for n in names if n not in sd]:
+        raise ValueError(f"the checkpoint lacks {len(missing)} trained parameters: {missing[:4]}")
+    return {n: sd[n] for n in names}
+
+
 def dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_sd, optim_sd = get_state_dict(hf_export.hf_model(model), optimizer)
+    model_sd, optim_sd = get_state_dict(
+        hf_export.hf_model(model), optimizer, options=_trainer_state_options()
+    )
     return {"model": model_sd, "optim": optim_sd}

@@ -1,20 +1,18 @@
 """The trainer's model as an HF directory (`from_pretrained` and vLLM read it): a checkpoint's
 `model/` and the filesystem transport's `weights/step_N`. Under FSDP2 the state is gathered tensor
-by tensor onto rank 0's CPU: no rank holds a full copy on its GPU, the other ranks none at all."""
+by tensor onto rank 0's CPU: no rank holds a full copy on its GPU, the other ranks none at all.
+Under LoRA the directory is the merged model, with PEFT's adapter directory in `adapter/`."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from rlfleet.store import RunStore
 from rlfleet.trainer.parallel import Parallel
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -25,8 +23,9 @@ TOKENIZER_FILES = (
 )
 
 
-def hf_model(model: torch.nn.Module) -> PreTrainedModel:
-    return getattr(model, "lm", model)  # a trainer Policy wraps the HF model
+def hf_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The HF model a trainer Policy wraps (under LoRA the PeftModel around it)."""
+    return getattr(model, "lm", model)
 
 
 def stage(store: RunStore, rel: str, par: Parallel | None) -> Path:
@@ -61,24 +60,30 @@ def gather(model: torch.nn.Module, par: Parallel | None) -> dict[str, torch.Tens
 
 
 def write_hf(
-    lm: PreTrainedModel, state: dict[str, torch.Tensor], out: Path, tokenizer_dir: str | None
+    lm: torch.nn.Module, state: dict[str, torch.Tensor], out: Path, tokenizer_dir: str | None
 ) -> None:
-    """An HF model directory from a CPU state dict, with the tokenizer files of `tokenizer_dir`."""
+    """An HF model directory from `lm`'s full CPU state dict, with the tokenizer files of
+    `tokenizer_dir`. Under LoRA the model is the merged one (what vLLM and `from_pretrained` load)
+    and `adapter/` is PEFT's adapter directory (`PeftModel.from_pretrained(base, out / "adapter")`)."""
     from safetensors.torch import save_file
 
+    from rlfleet.trainer.lora import base_model, peft_model, save_adapter
     from rlfleet.weights.tensors import sent_tensors
 
-    state = sent_tensors(lm, state)  # what every transport sends (a tied head is not)
+    sent = sent_tensors(lm, state)  # what every transport sends (a tied head is not; LoRA merged)
     out.mkdir(parents=True, exist_ok=True)
     save_file(
-        {k: v.contiguous() for k, v in state.items()},
+        {k: v.contiguous() for k, v in sent.items()},
         str(out / "model.safetensors"),
         metadata={"format": "pt"},
     )
-    lm.config.save_pretrained(out)
-    if lm.generation_config is not None:
-        lm.generation_config.save_pretrained(out)
+    hf = base_model(lm)
+    hf.config.save_pretrained(out)
+    if hf.generation_config is not None:
+        hf.generation_config.save_pretrained(out)
     for name in TOKENIZER_FILES:
         src = Path(tokenizer_dir or "") / name
         if tokenizer_dir and src.is_file():
             shutil.copy2(src, out / name)
+    if (peft := peft_model(lm)) is not None:
+        save_adapter(peft, state, out / "adapter")

@@ -1,11 +1,12 @@
 """The one training loop of RL (`trainer/rl.py`) and SFT (`trainer/sft.py`), the torchtitan way.
 
-Setup: process group, model (from the latest complete checkpoint, else `model.path`), optimizer,
-lr schedule at the resumed step, the data source, a warm-up. Loop: the source's batch and
-objective, one optimizer step, the source's publish (RL: weights to vLLM), a checkpoint when due
-(`CheckpointManager`), the source's metrics record. Teardown: finish the checkpoint write in
-flight and leave any error in `run/trainer_error.json` for whoever launched the trainer
-(`record_trainer_error`): it decides between a retry and failing fast.
+Setup: process group, model (from the latest complete checkpoint, else `model.path`; under LoRA the
+base from `model.path` and the adapters from the checkpoint), optimizer, lr schedule at the resumed
+step, the data source, a warm-up. Loop: the source's batch and objective, one optimizer step, the
+source's publish (RL: weights to vLLM), a checkpoint when due (`CheckpointManager`), the source's
+metrics record. Teardown: finish the checkpoint write in flight and leave any error in
+`run/trainer_error.json` for whoever launched the trainer (`record_trainer_error`): it decides
+between a retry and failing fast.
 """
 
 from __future__ import annotations
@@ -73,8 +74,11 @@ def train(cfg: TrainerJobConfig, source: Source) -> None:
     if resumed is not None and resumed + 1 >= cfg.max_steps:
         return
     tc = cfg.trainer
+    # A checkpoint's `model/` is the trained model; under LoRA it is merged, so the adapters
+    # (in its trainer state) go back onto the base they were trained on instead.
+    from_checkpoint = resumed is not None and tc.lora is None
     par, policy, optimizer = build(
-        cfg, cfg.model.path if resumed is None else checkpoint_model_path(store, resumed)
+        cfg, checkpoint_model_path(store, resumed) if from_checkpoint else cfg.model.path
     )
     ckpt = CheckpointManager(
         store, par, policy, optimizer, cfg.model.path, tc.keep_checkpoints, tc.checkpoint_interval
@@ -122,7 +126,7 @@ def train(cfg: TrainerJobConfig, source: Source) -> None:
 def build(
     cfg: TrainerJobConfig, path: str, random_init: bool = False
 ) -> tuple[Parallel, Policy, torch.optim.Optimizer]:
-    """Process group, model (checkpointed, compiled, sharded as configured) and optimizer.
+    """Process group, model (LoRA-wrapped, checkpointed, compiled, sharded as configured) and optimizer.
 
     random_init (the bench): a directory with only config.json gives a seeded random-init model.
     """
@@ -140,6 +144,10 @@ def build(
         lm = lm.to(device).train()
     else:
         lm = load_model(path, cfg.model.dtype, device)
+    if tc.lora is not None:
+        from rlfleet.trainer.lora import wrap
+
+        lm = wrap(lm, tc.lora)
     policy = Policy(lm)
     policy.lm_head_chunk = (
         tc.lm_head_chunk if tc.lm_head_chunk is not None else LM_HEAD_CHUNK[par.device.type]

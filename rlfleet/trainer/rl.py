@@ -52,7 +52,7 @@ class ControllerBatches:
 
     def start(self, par: Parallel, policy: Policy, step: int) -> str:
         self.par = par
-        self.ref = load_reference(self.cfg, par, policy.lm_head_chunk)
+        self.ref = load_reference(self.cfg, par, policy)
         self.publisher = make_publisher(self.cfg, self.store, par)
         return ""
 

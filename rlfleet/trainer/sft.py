@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from rlfleet.config.checks import check_model, check_output_dir, raise_if
+from rlfleet.config.checks import check_lora, check_model, check_output_dir, raise_if
 from rlfleet.config.models import SFTConfig
 from rlfleet.report import curve_png, mean_or_none, step_progress
 from rlfleet.runs.resume import discard_stale
@@ -33,7 +33,8 @@ log = logging.getLogger("rlfleet.sft")
 
 def preflight(cfg: SFTConfig) -> None:
     """Model, output dir and every data row are checked before anything is written."""
-    problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_data(cfg.data)
+    problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_lora(cfg.trainer)
+    problems += check_data(cfg.data)
     config_json = Path(cfg.model.path) / "config.json"
     if config_json.is_file():
         max_pos = json.loads(config_json.read_text()).get("max_position_embeddings")

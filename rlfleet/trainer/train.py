@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from rlfleet.config.models import TrainerConfig
 from rlfleet.trainer.lm_head import chunked_logprobs
+from rlfleet.trainer.lora import base_model
 from rlfleet.trainer.loss import logprobs_and_entropy, token_logprobs
 from rlfleet.trainer.parallel import Parallel, set_gradient_sync
 
@@ -41,15 +42,16 @@ class Policy(torch.nn.Module):
     """The HF causal LM and how logprobs leave it: full logits, or the chunked LM head.
 
     It is the root of the FSDP2 tree, so calling it is what gathers the embeddings, final norm
-    and LM head; `lm` stays a plain HF model for `save_pretrained` and for other callers.
+    and LM head; `lm` stays the HF model (under LoRA the PeftModel around it) for other callers.
     """
 
-    def __init__(self, lm: PreTrainedModel, lm_head_chunk: int = 0, entropy: bool = False):
+    def __init__(self, lm: torch.nn.Module, lm_head_chunk: int = 0, entropy: bool = False):
         super().__init__()
-        if getattr(lm.config, "attn_logit_softcapping", None) and lm.config._attn_implementation != "eager":
+        hf = base_model(lm)
+        if getattr(hf.config, "attn_logit_softcapping", None) and hf.config._attn_implementation != "eager":
             # Gemma-2: transformers' default sdpa drops the attention soft-capping vLLM applies
             # (0.5 nats apart once scores near the cap); eager computes it (and costs T^2 memory)
-            lm.set_attn_implementation("eager")
+            hf.set_attn_implementation("eager")
         self.lm = lm
         self.lm_head_chunk = lm_head_chunk
         self.want_entropy = entropy  # full logits: also the entropy (an entropy bonus needs it)
@@ -63,23 +65,23 @@ class Policy(torch.nn.Module):
         use_cache=False: a KV cache in training only costs memory, and breaks activation
         checkpointing (the recompute would append to it again)."""
         targets = input_ids[:, 1:]
+        lm = base_model(self.lm)  # under LoRA its layers run the adapters
         if self.lm_head_chunk == 0:
-            logits = self.lm(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[:, :-1]
+            logits = lm(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[:, :-1]
             if self.want_entropy:
                 return logprobs_and_entropy(logits, targets, temperature)
             return token_logprobs(logits, targets, temperature), None
-        hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        hidden = lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
         hidden = hidden.last_hidden_state[:, :-1]
-        softcap = getattr(self.lm.config, "final_logit_softcapping", None) or 0.0  # Gemma-2's
-        return chunked_logprobs(
-            hidden, self.lm.lm_head.weight, targets, self.lm_head_chunk, temperature, softcap
-        )
+        softcap = getattr(lm.config, "final_logit_softcapping", None) or 0.0  # Gemma-2's
+        return chunked_logprobs(hidden, lm.lm_head.weight, targets, self.lm_head_chunk, temperature, softcap)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:
+    """AdamW over the parameters that train: all of them, or under LoRA the adapters only."""
     on_gpu = next(model.parameters()).is_cuda
     return torch.optim.AdamW(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],
         lr=cfg.lr,
         betas=cfg.betas,
         weight_decay=cfg.weight_decay,

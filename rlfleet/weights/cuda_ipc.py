@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import pickle
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ class IpcPublisher:
         self.slots: list[list[torch.Tensor]] = []
         self.handles: list[list[str]] = []
 
-    def _allocate(self, sd: dict[str, torch.Tensor]) -> None:
+    def _allocate(self, sd: Mapping[str, torch.Tensor]) -> None:
         from torch.multiprocessing.reductions import reduce_tensor
 
         self.layout = tensors.make_layout(sd, self.dtype)

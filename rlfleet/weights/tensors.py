@@ -9,18 +9,19 @@ worker reads views of them back by name and hands them to `model.load_weights`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
-from transformers import PreTrainedModel
 
 from rlfleet.trainer.hf_export import hf_model
+from rlfleet.trainer.lora import base_model, merged_tensors, peft_model
 
 BUCKET_BYTES = 1 << 30
 
 
-def sent_tensors(lm: PreTrainedModel, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """What every transport sends of the HF model `lm`'s state dict `sd` (files and broadcasts).
+def sent_tensors(lm: torch.nn.Module, sd: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """What every transport sends of the trainer's model `lm` from its state dict `sd` (files and
+    broadcasts): always the base model's tensors under transformers' names.
 
     - transformers' names and layouts: vLLM's `load_weights` maps and fuses them (q/k/v, gate/up).
       MoE experts go as transformers holds them, fused [experts, 2 x inter, hidden] gate|up and
@@ -31,18 +32,24 @@ def sent_tensors(lm: PreTrainedModel, sd: dict[str, torch.Tensor]) -> dict[str, 
     - A tied LM head (`tie_word_embeddings`) is not sent: vLLM ties it to the embedding itself and
       skips the name. The trainer must hold one tensor for both, else the served head would silently
       not be the trained one.
+    - Under LoRA (`lm` a PeftModel), each adapted weight goes merged, W + (alpha / r) B A, under the
+      base's name, computed when read (trainer/lora.py `merged_tensors`); adapters never go.
     - The trainer's dtype (fp32 masters stay fp32 here): a file keeps it and vLLM's loader casts, a
       cuda_ipc/nccl layout casts to vLLM's dtype as it fills (`fill`); both round to nearest.
     """
-    if not getattr(getattr(lm, "config", None), "tie_word_embeddings", False):
-        return dict(sd)
-    head, embed = lm.get_output_embeddings(), lm.get_input_embeddings()
-    if head is not None and head.weight is not embed.weight:
-        raise ValueError("tie_word_embeddings is set but the trainer's LM head is not its embedding")
-    return {k: v for k, v in sd.items() if k != "lm_head.weight"}
+    hf = base_model(lm)
+    skip = set()
+    if getattr(getattr(hf, "config", None), "tie_word_embeddings", False):
+        head, embed = hf.get_output_embeddings(), hf.get_input_embeddings()
+        if head is not None and head.weight is not embed.weight:
+            raise ValueError("tie_word_embeddings is set but the trainer's LM head is not its embedding")
+        skip.add("lm_head.weight")
+    if (peft := peft_model(lm)) is not None:
+        return merged_tensors(peft, sd, skip)
+    return {k: v for k, v in sd.items() if k not in skip}
 
 
-def full_state_dict(model: torch.nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
+def full_state_dict(model: torch.nn.Module, sharded: bool) -> Mapping[str, torch.Tensor]:
     """`sent_tensors` as full tensors on the trainer's device (gathered when FSDP-sharded)."""
     lm = hf_model(model)
     if sharded:
@@ -54,7 +61,7 @@ def full_state_dict(model: torch.nn.Module, sharded: bool) -> dict[str, torch.Te
     return sent_tensors(lm, sd)
 
 
-def make_layout(sd: dict[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int = BUCKET_BYTES) -> list:
+def make_layout(sd: Mapping[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int = BUCKET_BYTES) -> list:
     cap = max(bucket_bytes * 8 // torch.finfo(dtype).bits, 1)
     layout, bucket, offset = [], 0, 0
     for name, t in sd.items():
@@ -73,7 +80,7 @@ def bucket_sizes(layout: list) -> list[int]:
     return [sizes[b] for b in range(len(sizes))]
 
 
-def fill(buckets: list[torch.Tensor], layout: list, sd: dict[str, torch.Tensor]) -> None:
+def fill(buckets: list[torch.Tensor], layout: list, sd: Mapping[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, b, off, shape in layout:
             buckets[b][off : off + math.prod(shape)].copy_(sd[name].reshape(-1))

@@ -3,7 +3,7 @@ each micro-batch against the sampler's logprobs, and the step's metrics from its
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -11,17 +11,20 @@ from rlfleet.config.loss import LossConfig
 from rlfleet.trainer.losses.compose import micro_batch_loss
 from rlfleet.trainer.losses.inputs import StepNorm
 
+if TYPE_CHECKING:
+    from rlfleet.trainer.reference import Reference
+
 
 class PolicyLoss:
     """`norm`: the step's normalisers (an int: its loss-token count only); `ref`: the frozen
-    reference Policy, needed when `cfg.kl_coef` > 0."""
+    reference (trainer/reference.py), needed when `cfg.kl_coef` > 0."""
 
     def __init__(
         self,
         cfg: LossConfig,
         norm: StepNorm | int,
         temperature: float = 1.0,
-        ref: torch.nn.Module | None = None,
+        ref: Reference | None = None,
     ):
         from rlfleet.trainer.losses import policy_fn
 
