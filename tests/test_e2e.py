@@ -236,7 +236,7 @@ def load_under_a_request(pool, prompt: list[int], ticket: dict) -> tuple[dict, S
             return pool.version(url)
 
     async def main() -> tuple[dict, Sample]:
-        sampler = Sampler(Watched(), 1.0, 60.0, extra_body={"ignore_eos": True})
+        sampler = Sampler(Watched(), 1.0, 60.0, extra_params={"ignore_eos": True})
         try:
             task = asyncio.create_task(sampler.sample(prompt, 1, 900))
             assert await asyncio.to_thread(streamed.wait, 60)

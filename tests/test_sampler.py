@@ -1,7 +1,7 @@
 """The streaming sampler against completion servers on loopback whose streams the test controls.
 
-The servers speak the slice of vLLM's streamed /v1/completions that the sampler uses (token ids,
-logprobs and finish reasons per chunk and choice). What is under test: work goes to the replica
+The servers speak the slice of vLLM's streamed /inference/v1/generate that the sampler uses (token
+ids, logprobs and finish reasons per chunk and choice). What is under test: work goes to the replica
 with the fewest requests in flight; a request that keeps streaming never times out however long
 it runs; one whose replica dies or stalls keeps its tokens and continues elsewhere from them;
 each token is credited to the weights its replica served. The real vLLM path runs in test_e2e
@@ -36,7 +36,7 @@ class Server:
         self.gates: dict[int, threading.Event] = gates or {}
         self.bodies: list[dict] = []
         app = FastAPI()
-        app.post("/v1/completions")(self.complete)
+        app.post("/inference/v1/generate")(self.complete)
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
@@ -48,9 +48,10 @@ class Server:
 
     async def complete(self, body: dict):
         self.bodies.append(body)
+        params = body["sampling_params"]
 
         async def events():
-            for pos in range(body["max_tokens"]):
+            for pos in range(params["max_tokens"]):
                 if (gate := self.gates.get(pos)) is not None:
                     await asyncio.to_thread(gate.wait, 10)
                 if self.die_after is not None and pos >= self.die_after:
@@ -58,13 +59,12 @@ class Server:
                 if self.stall_after is not None and pos >= self.stall_after:
                     await asyncio.sleep(3600)
                 await asyncio.sleep(self.delay_s)
-                last = pos == body["max_tokens"] - 1
-                for i in range(body["n"]):
+                last = pos == params["max_tokens"] - 1
+                for i in range(params["n"]):
                     choice = {
                         "index": i,
-                        "text": "a",
-                        "token_ids": [100 + len(body["prompt"]) + pos],
-                        "logprobs": {"token_logprobs": [-0.5]},
+                        "token_ids": [100 + len(body["token_ids"]) + pos],
+                        "logprobs": {"content": [{"token": "token_id:0", "logprob": -0.5}]},
                         "finish_reason": "length" if last else None,
                     }
                     yield f"data: {json.dumps({'choices': [choice]})}\n\n"
@@ -137,14 +137,19 @@ def test_a_long_request_that_keeps_streaming_never_times_out(servers):
 def test_a_failed_replica_s_samples_continue_elsewhere_from_their_tokens(servers, failure):
     bad, good = servers(**{failure: 3}), servers()
     (samples,) = _run(FixedReplicas([bad.url, good.url]), [[1, 2]], n=2, max_tokens=8, stall_timeout_s=1.0)
-    assert bad.bodies and bad.bodies[0]["n"] == 2, "the first request went to the idle replica listed first"
+    assert bad.bodies and bad.bodies[0]["sampling_params"]["n"] == 2, (
+        "the first request went to the idle replica listed first"
+    )
     for s in samples:
         # 3 tokens from the failed replica, then the rest of the 8 from the good one, which was
         # sent the prompt plus those 3 tokens and a budget of 5: nothing sampled twice
         assert s.completion_ids == [102, 103, 104, 105, 106, 107, 108, 109] and len(s.logprobs) == 8
         assert s.resent == 1 and s.replica == good.url and s.finish_reason == "length"
     assert (
-        sorted((b["prompt"], b["max_tokens"], b["n"]) for b in good.bodies)
+        sorted(
+            (b["token_ids"], b["sampling_params"]["max_tokens"], b["sampling_params"]["n"])
+            for b in good.bodies
+        )
         == [([1, 2, 102, 103, 104], 5, 1)] * 2
     )
 

