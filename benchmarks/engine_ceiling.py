@@ -10,7 +10,7 @@ the server starts (one GPU, one engine at a time).
 
     python benchmarks/engine_ceiling.py --out benchmarks/results/engine_ceiling_cpu_2core.json
     python benchmarks/engine_ceiling.py --device cuda --shape 05b --concurrency 256 --max-tokens 512 \
-        --server-variants as_sent,no_logprobs,n8 --out benchmarks/results/engine_ceiling_h100_05b.json
+        --server-variants as_sent,completions,completions_stream --out benchmarks/results/engine_ceiling_h100_05b.json
 """
 
 from __future__ import annotations
@@ -87,7 +87,11 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=None, help="sequences at once (32 cpu, 256 cuda)")
     ap.add_argument("--max-tokens", type=int, default=None, help="tokens per sequence (128 cpu, 512 cuda)")
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--server-variants", default="as_sent,no_logprobs", help=f"of {sorted(PEAK_VARIANTS)}")
+    ap.add_argument(
+        "--server-variants",
+        default="as_sent,completions,completions_stream",
+        help=f"of {sorted(PEAK_VARIANTS)}",
+    )
     ap.add_argument("--parts", default="offline,server", help="offline, server or both")
     ap.add_argument(
         "--profile", help="a directory for py-spy's stacks of the server's bursts (py-spy on PATH)"

@@ -191,19 +191,19 @@ def prepare_model(tmp: Path, shape: dict[str, Any], max_model_len: int, max_toke
     return model, {"tuned": True, "target": rate} | json.loads(out)
 
 
-# How the peak's requests are sent: as rlfleet's sampler sends a trajectory (one sequence a
-# request, the sampled token's logprob, ids), without the logprob, or a group as one request (n=8).
-# The engine's ceiling on a GPU is the serving path's per-request work (BENCHMARKS.md, long tail):
-# these tell its parts apart.
+# How the peak's requests are sent. as_sent: as rlfleet's sampler sends a trajectory (vLLM's
+# token-in/token-out endpoint, streamed, the sampled token's logprob, no detokenizing); n8: a group
+# as one request; generate: the same endpoint answered whole; completions*: the OpenAI completions
+# endpoint the sampler used before 82e88c1, whole or streamed (the sampler's way then), with or
+# without the logprob. The server's detokenizer and per-token logprob objects, not the engine, were
+# the ceiling on an H100 (BENCHMARKS.md, the serving path): these tell its parts apart.
 PEAK_VARIANTS = {
-    "as_sent": {"n": 1, "logprobs": True},
-    "no_logprobs": {"n": 1, "logprobs": False},
-    "n8": {"n": 8, "logprobs": True},
-    "stream": {"n": 1, "logprobs": True, "stream": True},  # as the sampler reads it: SSE chunks
-    # vLLM's token-in/token-out endpoint, no detokenizing (the server's incremental detokenizer
-    # was 2/3 of its CPU at C = 256 on an H100)
+    "as_sent": {"n": 1, "logprobs": True, "stream": True, "endpoint": "generate"},
+    "n8": {"n": 8, "logprobs": True, "stream": True, "endpoint": "generate"},
     "generate": {"n": 1, "logprobs": True, "endpoint": "generate"},
-    "generate_stream": {"n": 1, "logprobs": True, "stream": True, "endpoint": "generate"},
+    "completions": {"n": 1, "logprobs": True, "endpoint": "completions"},
+    "completions_stream": {"n": 1, "logprobs": True, "stream": True, "endpoint": "completions"},
+    "completions_no_logprobs": {"n": 1, "logprobs": False, "endpoint": "completions"},
 }
 
 
@@ -296,8 +296,9 @@ def engine_peak(
     runs = [("as_sent", c) for c in concurrency] + [(v, concurrency[0]) for v in variants if v != "as_sent"]
     try:
         url, seed_ids = replicas[0].url, [1, 70, 71, 72]  # BOS + "abc" in the tiny tokenizer
+        warm = PEAK_VARIANTS["as_sent"]
         asyncio.run(
-            _burst(url, concurrency[0], max_tokens, seed_ids)
+            _burst(url, concurrency[0], max_tokens, seed_ids, **warm)
         )  # a fresh server's first bursts are slow
         for variant, c in runs:
             tries = []
