@@ -140,21 +140,17 @@ class Sampler:
                 raise TransientError("no vLLM replica is available")
 
     async def sample(self, prompt: list[int], n: int, max_tokens: int) -> list[Sample]:
-        """n completions of `prompt` (one request); each one that a failure cut short goes on
-        from its own tokens in a request of its own."""
+        """n completions of `prompt`, one request each (vLLM's prefix cache shares the prompt).
+        Not one request of n: vLLM 0.26's streamed token endpoint fails such a request (HTTP 500,
+        `list index out of range`) when its first output holds fewer than n samples."""
         out = [Sample() for _ in range(n)]
-        url = await self._pick()
-        try:
-            await self._stream(url, prompt, out, max_tokens)
-        except (httpx.HTTPError, TransientError) as exc:
-            await self._recover(url, exc)
-            await asyncio.gather(
-                *(self._finish(prompt, s, max_tokens, 1) for s in out if not s.finish_reason)
-            )
+        await asyncio.gather(*(self._complete(prompt, s, max_tokens) for s in out))
         return out
 
-    async def _finish(self, prompt: list[int], s: Sample, max_tokens: int, failures: int) -> None:
-        """Ask for the rest of `s`: prompt + its tokens, the remaining budget."""
+    async def _complete(self, prompt: list[int], s: Sample, max_tokens: int) -> None:
+        """Stream `s` to its end; after a failure ask for the rest of it (prompt + its tokens, the
+        remaining budget) on whichever replica is alive."""
+        failures = 0
         while not s.finish_reason:
             if failures >= self.attempts:
                 raise TransientError(f"a request failed {failures} times; last replica {s.replica}")
@@ -162,12 +158,12 @@ class Sampler:
             if left <= 0:
                 s.finish_reason = "length"
                 return
-            s.resent += 1
             url = await self._pick()
             try:
-                await self._stream(url, prompt + s.completion_ids, [s], left)
+                await self._stream(url, prompt + s.completion_ids, s, left)
             except (httpx.HTTPError, TransientError) as exc:
                 failures += 1
+                s.resent += 1
                 await self._recover(url, exc)
 
     async def _recover(self, url: str, exc: BaseException) -> None:
@@ -175,9 +171,9 @@ class Sampler:
         log.warning("vLLM replica %s failed a request (%s); continuing its samples", url, exc)
         await self._heal(url)
 
-    async def _stream(self, url: str, prompt: list[int], out: list[Sample], max_tokens: int) -> None:
+    async def _stream(self, url: str, prompt: list[int], s: Sample, max_tokens: int) -> None:
         params = {
-            "n": len(out),
+            "n": 1,
             "max_tokens": max_tokens,
             "temperature": self.temperature,
             "logprobs": 0,
@@ -187,7 +183,7 @@ class Sampler:
             **self.extra_params,
         }
         body = {"model": "policy", "token_ids": prompt, "sampling_params": params, "stream": True}
-        seen = [self.replicas.version(url)] * len(out)  # per choice: weights since its last chunk
+        seen = self.replicas.version(url)  # the weights since its last chunk
         timeout = httpx.Timeout(30.0, read=self.stall_timeout_s)
         self.in_flight[url] += 1
         client = self._client()
@@ -208,14 +204,13 @@ class Sampler:
                     if "error" in chunk:
                         raise SamplingError(f"{url}: {chunk['error']}")
                     for c in chunk["choices"]:
-                        i = c["index"]
-                        _add(out[i], c, seen[i], url)
-                        seen[i] = self.replicas.version(url)
+                        _add(s, c, seen, url)
+                        seen = self.replicas.version(url)
         finally:
             self.in_flight[url] -= 1
             self._streams[client] -= 1
-        if unfinished := sum(not s.finish_reason for s in out):
-            raise SamplingError(f"{url}: the stream ended with {unfinished} of {len(out)} samples unfinished")
+        if not s.finish_reason:
+            raise SamplingError(f"{url}: the stream ended before the sample did")
         self.failing[url] = 0
 
 
