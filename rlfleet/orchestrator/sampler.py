@@ -168,7 +168,8 @@ class Sampler:
 
     async def _recover(self, url: str, exc: BaseException) -> None:
         self.failing[url] += 1
-        log.warning("vLLM replica %s failed a request (%s); continuing its samples", url, exc)
+        # httpx's timeouts and dropped connections carry no message: name the type
+        log.warning("vLLM replica %s failed a request (%s: %s); continuing it", url, type(exc).__name__, exc)
         await self._heal(url)
 
     async def _stream(self, url: str, prompt: list[int], s: Sample, max_tokens: int) -> None:
