@@ -29,10 +29,12 @@ from tests.conftest import free_port
 class Server:
     """Streams token 100 + position, one chunk per token, `delay_s` apart. `die_after` cuts every
     stream after that many tokens; `stall_after` stops sending (connection open) after that many;
-    `gates[i]`, when set, is awaited before token i of every stream."""
+    `gates[i]`, when set, is awaited before token i of every stream. `group_bug`: a request of
+    n > 1 streams choice 0's first token, then the error vLLM 0.26 sends there."""
 
-    def __init__(self, delay_s=0.0, die_after=None, stall_after=None, gates=None):
+    def __init__(self, delay_s=0.0, die_after=None, stall_after=None, gates=None, group_bug=False):
         self.delay_s, self.die_after, self.stall_after = delay_s, die_after, stall_after
+        self.group_bug = group_bug
         self.gates: dict[int, threading.Event] = gates or {}
         self.bodies: list[dict] = []
         app = FastAPI()
@@ -50,6 +52,8 @@ class Server:
         self.bodies.append(body)
         params = body["sampling_params"]
 
+        lp = {"content": [{"token": "token_id:0", "logprob": -0.5}]}
+
         async def events():
             for pos in range(params["max_tokens"]):
                 if (gate := self.gates.get(pos)) is not None:
@@ -60,11 +64,18 @@ class Server:
                     await asyncio.sleep(3600)
                 await asyncio.sleep(self.delay_s)
                 last = pos == params["max_tokens"] - 1
+                if self.group_bug and params["n"] > 1:
+                    first = {"index": 0, "token_ids": [100 + len(body["token_ids"])], "logprobs": lp}
+                    yield f"data: {json.dumps({'choices': [first]})}\n\n"
+                    error = {"message": "list index out of range", "type": "InternalServerError", "code": 500}
+                    yield f"data: {json.dumps({'error': error})}\n\n"
+                    yield "data: [DONE]\n\n"
+                    return
                 for i in range(params["n"]):
                     choice = {
                         "index": i,
                         "token_ids": [100 + len(body["token_ids"]) + pos],
-                        "logprobs": {"content": [{"token": "token_id:0", "logprob": -0.5}]},
+                        "logprobs": lp,
                         "finish_reason": "length" if last else None,
                     }
                     yield f"data: {json.dumps({'choices': [choice]})}\n\n"
@@ -136,16 +147,44 @@ def test_a_long_request_that_keeps_streaming_never_times_out(servers):
 @pytest.mark.parametrize("failure", ["die_after", "stall_after"])
 def test_a_failed_replica_s_samples_continue_elsewhere_from_their_tokens(servers, failure):
     bad, good = servers(**{failure: 3}), servers()
-    (samples,) = _run(FixedReplicas([bad.url, good.url]), [[1, 2]], n=1, max_tokens=8, stall_timeout_s=1.0)
-    assert len(bad.bodies) == 1, "the request went to the idle replica listed first"
-    (s,) = samples
-    # 3 tokens from the failed replica, then the rest of the 8 from the good one, which was sent
-    # the prompt plus those 3 tokens and a budget of 5: nothing sampled twice
-    assert s.completion_ids == [102, 103, 104, 105, 106, 107, 108, 109] and len(s.logprobs) == 8
-    assert s.resent == 1 and s.replica == good.url and s.finish_reason == "length"
-    assert [(b["token_ids"], b["sampling_params"]["max_tokens"]) for b in good.bodies] == [
-        ([1, 2, 102, 103, 104], 5)
-    ]
+    (samples,) = _run(FixedReplicas([bad.url, good.url]), [[1, 2]], n=2, max_tokens=8, stall_timeout_s=1.0)
+    assert bad.bodies and bad.bodies[0]["sampling_params"]["n"] == 2, (
+        "the first request went to the idle replica listed first"
+    )
+    for s in samples:
+        # 3 tokens from the failed replica, then the rest of the 8 from the good one, which was
+        # sent the prompt plus those 3 tokens and a budget of 5: nothing sampled twice
+        assert s.completion_ids == [102, 103, 104, 105, 106, 107, 108, 109] and len(s.logprobs) == 8
+        assert s.resent == 1 and s.replica == good.url and s.finish_reason == "length"
+    assert (
+        sorted(
+            (b["token_ids"], b["sampling_params"]["max_tokens"], b["sampling_params"]["n"])
+            for b in good.bodies
+        )
+        == [([1, 2, 102, 103, 104], 5, 1)] * 2
+    )
+
+
+def test_a_replica_that_fails_groups_gets_one_sample_a_request(servers):
+    """vLLM 0.26 fails a streamed request of n > 1 whose first output holds fewer samples: what
+    was streamed is kept, the rest continues a sample a request, and that replica is not sent a
+    group again (nor counted as failing)."""
+    buggy = servers(group_bug=True)
+
+    async def main():
+        sampler = Sampler(FixedReplicas([buggy.url]), 1.0, 30.0)
+        try:
+            return await sampler.sample([1, 2], 2, 4), await sampler.sample([1, 2], 2, 4), sampler
+        finally:
+            await sampler.aclose()
+
+    first, second, sampler = asyncio.run(main())
+    assert sampler.one_per_request == {buggy.url} and not sampler.failing[buggy.url]
+    assert [b["sampling_params"]["n"] for b in buggy.bodies] == [2] + [1] * 4
+    assert first[0].completion_ids == [102, 103, 104, 105], "continued from its streamed token"
+    assert first[1].completion_ids == [102, 103, 104, 105]
+    assert [s.resent for s in first] == [1, 1] and [s.resent for s in second] == [0, 0]
+    assert all(len(s.completion_ids) == len(s.logprobs) == 4 for s in first + second)
 
 
 def test_a_replica_relaunched_by_the_pool_takes_the_rest(servers):

@@ -1,8 +1,9 @@
 """The one generate-and-score path: training rollouts (the stream) and eval both run `rollout_group`.
 
 Every trajectory is its own coroutine: its turns, its environment replies (tools, user
-simulators) and its reward functions never wait for another sample's, and every turn is a request
-of its own (vLLM's prefix cache shares a group's prompt). Reward functions are contained: one that raises or times
+simulators) and its reward functions never wait for another sample's. A one-turn environment
+sends a group's n samples as one request (vLLM shares the prompt's KV); a multi-turn one sends
+each trajectory's turns on their own. Reward functions are contained: one that raises or times
 out scores its sample 0 and is counted; only a step where every sample failed that way fails,
 with the first error.
 """
@@ -53,21 +54,30 @@ async def rollout_group(
         for t in group:
             t.truncated = t.done = True
         await asyncio.gather(*(_score(env, t) for t in group))
-    else:
-        await asyncio.gather(*(_trajectory(env, t, params, tok, sampler) for t in group))
+    elif env.max_turns == 1:
+        samples = await sampler.sample(group[0].ids, params.n, params.max_tokens)
+        for t, s in zip(group, samples, strict=True):
+            _add_turn(t, s, env, tok)
+        await asyncio.gather(*(_score(env, t) for t in group))
+    else:  # the first turns share their prompt: one request for all n, as a single-turn group
+        first = await sampler.sample(group[0].ids, params.n, params.max_tokens)
+        await asyncio.gather(
+            *(_trajectory(env, t, s, params, tok, sampler) for t, s in zip(group, first, strict=True))
+        )
     return group
 
 
 async def _trajectory(
     env: Environment,
     t: Trajectory,
+    s: Sample,
     params: SamplingParams,
     tok: PreTrainedTokenizerBase,
     sampler: Sampler,
 ) -> None:
-    """One rollout: model turn, environment reply, model turn, ... until done; then its score."""
+    """One multi-turn rollout from its first model turn `s`: environment reply, model turn, ...
+    until done; then its score."""
     while True:
-        (s,) = await sampler.sample(t.ids, 1, params.max_tokens)
         _add_turn(t, s, env, tok)
         if t.done:
             break
@@ -81,6 +91,7 @@ async def _trajectory(
         if not _fits(t, params):
             t.truncated = t.done = True
             break
+        (s,) = await sampler.sample(t.ids, 1, params.max_tokens)
     await _score(env, t)
 
 

@@ -63,6 +63,9 @@ class Replicas(Protocol):
 
 GENERATE = "inference/v1/generate"
 CLIENT_STREAMS = 32  # requests in flight per HTTP client (see Sampler._client)
+# vLLM 0.26's streamed token endpoint fails a request of n > 1 whose first output holds fewer than
+# n samples (its stream sizes a list by that output; 0.32 sizes it by n): HTTP 500 mid-stream
+GROUP_BUG = "list index out of range"
 
 
 @dataclass
@@ -108,6 +111,7 @@ class Sampler:
         self._heal_lock = asyncio.Lock()
         self._clients: list[httpx.AsyncClient] = []
         self._streams: Counter[int] = Counter()  # per client: its requests in flight
+        self.one_per_request: set[str] = set()  # replicas that showed GROUP_BUG
 
     async def aclose(self) -> None:
         for client in self._clients:
@@ -140,17 +144,31 @@ class Sampler:
                 raise TransientError("no vLLM replica is available")
 
     async def sample(self, prompt: list[int], n: int, max_tokens: int) -> list[Sample]:
-        """n completions of `prompt`, one request each (vLLM's prefix cache shares the prompt).
-        Not one request of n: vLLM 0.26's streamed token endpoint fails such a request (HTTP 500,
-        `list index out of range`) when its first output holds fewer than n samples."""
+        """n completions of `prompt` in one request (vLLM shares the prompt's KV; n requests of one
+        cost 4x the sampling on the CPU toy job); each one a failure cut short goes on from its
+        own tokens in a request of its own."""
         out = [Sample() for _ in range(n)]
-        await asyncio.gather(*(self._complete(prompt, s, max_tokens) for s in out))
+        url = await self._pick()
+        if n == 1 or url in self.one_per_request:
+            await asyncio.gather(*(self._finish(prompt, s, max_tokens, 0) for s in out))
+            return out
+        try:
+            await self._stream(url, prompt, out, max_tokens)
+        except (httpx.HTTPError, TransientError) as exc:
+            if GROUP_BUG in str(exc):
+                self.one_per_request.add(url)
+                log.info("vLLM at %s fails streamed requests of n > 1 (vLLM 0.26); one sample a request", url)
+            else:
+                await self._recover(url, exc)
+            for s in out:
+                s.resent += not s.finish_reason
+            await asyncio.gather(
+                *(self._finish(prompt, s, max_tokens, 1) for s in out if not s.finish_reason)
+            )
         return out
 
-    async def _complete(self, prompt: list[int], s: Sample, max_tokens: int) -> None:
-        """Stream `s` to its end; after a failure ask for the rest of it (prompt + its tokens, the
-        remaining budget) on whichever replica is alive."""
-        failures = 0
+    async def _finish(self, prompt: list[int], s: Sample, max_tokens: int, failures: int) -> None:
+        """Ask for the rest of `s`: prompt + its tokens, the remaining budget."""
         while not s.finish_reason:
             if failures >= self.attempts:
                 raise TransientError(f"a request failed {failures} times; last replica {s.replica}")
@@ -160,7 +178,7 @@ class Sampler:
                 return
             url = await self._pick()
             try:
-                await self._stream(url, prompt + s.completion_ids, s, left)
+                await self._stream(url, prompt + s.completion_ids, [s], left)
             except (httpx.HTTPError, TransientError) as exc:
                 failures += 1
                 s.resent += 1
@@ -172,9 +190,9 @@ class Sampler:
         log.warning("vLLM replica %s failed a request (%s: %s); continuing it", url, type(exc).__name__, exc)
         await self._heal(url)
 
-    async def _stream(self, url: str, prompt: list[int], s: Sample, max_tokens: int) -> None:
+    async def _stream(self, url: str, prompt: list[int], out: list[Sample], max_tokens: int) -> None:
         params = {
-            "n": 1,
+            "n": len(out),
             "max_tokens": max_tokens,
             "temperature": self.temperature,
             "logprobs": 0,
@@ -184,7 +202,7 @@ class Sampler:
             **self.extra_params,
         }
         body = {"model": "policy", "token_ids": prompt, "sampling_params": params, "stream": True}
-        seen = self.replicas.version(url)  # the weights since its last chunk
+        seen = [self.replicas.version(url)] * len(out)  # per choice: weights since its last chunk
         timeout = httpx.Timeout(30.0, read=self.stall_timeout_s)
         self.in_flight[url] += 1
         client = self._client()
@@ -205,13 +223,14 @@ class Sampler:
                     if "error" in chunk:
                         raise SamplingError(f"{url}: {chunk['error']}")
                     for c in chunk["choices"]:
-                        _add(s, c, seen, url)
-                        seen = self.replicas.version(url)
+                        i = c["index"]
+                        _add(out[i], c, seen[i], url)
+                        seen[i] = self.replicas.version(url)
         finally:
             self.in_flight[url] -= 1
             self._streams[client] -= 1
-        if not s.finish_reason:
-            raise SamplingError(f"{url}: the stream ended before the sample did")
+        if unfinished := sum(not s.finish_reason for s in out):
+            raise SamplingError(f"{url}: the stream ended with {unfinished} of {len(out)} samples unfinished")
         self.failing[url] = 0
 
 
