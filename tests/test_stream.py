@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rlfleet.config.models import OrchestratorConfig
+from rlfleet.config.rollouts import OrchestratorConfig
 from rlfleet.orchestrator.rollout import read_rollout, single_turn
 from rlfleet.orchestrator.shaping import cut, overlong_penalty, sampled_len
 from rlfleet.orchestrator.stream import GROUPS, Group, RolloutStream

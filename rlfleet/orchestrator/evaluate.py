@@ -14,7 +14,7 @@ from math import comb
 from typing import Any
 
 from rlfleet.config.envs import env_name
-from rlfleet.config.models import EvalConfig
+from rlfleet.config.rollouts import EvalConfig
 from rlfleet.orchestrator.envs import build_env
 from rlfleet.orchestrator.generate import SamplingParams, generate, raise_if_none_scored
 from rlfleet.orchestrator.rollout import load_tokenizer

@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rlfleet.config.models import OrchestratorConfig
+from rlfleet.config.rollouts import OrchestratorConfig
 from rlfleet.errors import TransientError, is_transient
 from rlfleet.orchestrator.envs import load_envs
 from rlfleet.orchestrator.generate import SamplingParams, raise_if_none_scored, rollout_group

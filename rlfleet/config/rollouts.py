@@ -1,0 +1,85 @@
+"""What the controller samples: the training envs and batch shape (`[orchestrator]`) and the eval
+envs (`[eval]`); both go to vLLM through the same rollout path (orchestrator/generate.py)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from rlfleet.config.base import Strict
+from rlfleet.config.envs import EnvList, EvalEnvList, RepeatEnvConfig, RepeatEvalEnv, env_name, split_counts
+from rlfleet.config.shaping import ShapingConfig
+
+
+class OrchestratorConfig(Strict):
+    env: EnvList = Field(
+        default_factory=lambda: [RepeatEnvConfig()],
+        description='The training tasks ([[orchestrator.env]]); `env = "repeat"` is shorthand.',
+    )
+    batch_size: int = Field(16, ge=1, description="Prompts per step.")
+    group_size: int = Field(8, ge=2, description="Samples per prompt (GRPO group).")
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, gt=0.0)
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Sequences per trainer micro-batch (packed rows when seq_len > 0); unset = 32 "
+        "sequences, or on a GPU trainer 1 packed row (micro-batches by tokens).",
+    )
+    seq_len: int | None = Field(
+        None,
+        ge=0,
+        description="Pack sequences into rows of this many tokens; 0 = one right-padded row each; unset "
+        "= 0, or on a GPU trainer max(inference.max_model_len, 8192).",
+    )
+    max_async_level: int = Field(
+        0,
+        ge=0,
+        description="Step N trains on groups whose every token was sampled by weights N-1-k .. N-1 (k=0: "
+        "on-policy); with k >= 1 the replicas keep sampling while the trainer steps and weights load in flight.",
+    )
+    stall_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="A request fails when no token arrives for this long (a replica hung); a long generation "
+        "that makes progress never does.",
+    )
+    shaping: ShapingConfig = Field(default_factory=ShapingConfig, description="Batch shaping (DAPO).")
+
+    @model_validator(mode="after")
+    def _shares_and_shaping(self) -> OrchestratorConfig:
+        self.shaping.check(self.max_tokens)
+        empty = [env_name(e) for e, c in zip(self.env, self.env_counts(), strict=True) if c == 0]
+        if empty:
+            raise ValueError(
+                f"env: weights give {empty} none of batch_size={self.batch_size} prompts; "
+                "raise their weight or the batch size"
+            )
+        return self
+
+    def env_counts(self) -> list[int]:
+        """Prompts per step of each env, by weight."""
+        return split_counts([e.weight for e in self.env], self.batch_size)
+
+
+class EvalConfig(Strict):
+    """Eval envs through vLLM: mean reward, pass@1 and pass@k (a pass is reward >= 1.0)."""
+
+    env: EvalEnvList = Field(
+        default_factory=lambda: [RepeatEvalEnv()],
+        description="[[eval.env]] entries; their own dataset/split, num_examples, rollouts_per_example.",
+    )
+    num_examples: int = Field(64, ge=1, description="Default for envs that do not set their own.")
+    rollouts_per_example: int = Field(1, ge=1, description="Default k of pass@k.")
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
+    interval: int = Field(0, ge=0, description="In an RL run: evaluate every k steps; 0 = never.")
+    stall_timeout_s: float = Field(600.0, gt=0, description="As orchestrator.stall_timeout_s.")
+
+    @model_validator(mode="after")
+    def _greedy_once(self) -> EvalConfig:
+        many = [env_name(e) for e in self.env if (e.rollouts_per_example or self.rollouts_per_example) > 1]
+        if self.temperature == 0.0 and many:
+            raise ValueError(
+                f"temperature: greedy (0) samples each example once; {many} ask for more (pass@k)"
+            )
+        return self
