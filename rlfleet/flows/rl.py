@@ -129,7 +129,8 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
                 steps.append(record)
                 sink.log(step, wandb_metrics(record, metrics))
                 log.info(
-                    "step %d (%d/%d) reward %.3f loss %.4f grad_norm %.3f staleness %d (%.1f s: %s)",
+                    "step %d (%d/%d) reward %.3f loss %.4f grad_norm %.3f staleness %d "
+                    "tokens %d (%.0f/s) (%.1f s: %s)",
                     step,
                     step + 1,
                     cfg.max_steps,
@@ -137,6 +138,8 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
                     record["loss"],
                     metrics.get("grad_norm", float("nan")),
                     record["max_staleness"],
+                    record["num_completion_tokens"],
+                    record["num_completion_tokens"] / max(record["step_seconds"], 1e-9),
                     record["step_seconds"],
                     ", ".join(f"{k} {v:.2f}" for k, v in record["phase_seconds"].items()),
                 )
