@@ -190,7 +190,9 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
     for s in range(4):
         records = read_rollout(store, s)
         k = 0 if s < 2 else 1
-        assert {r["policy_step"] for r in records} == {store.manifest(f"rollouts/step_{s}")["policy_step"]}
+        # the manifest names the oldest weights in the step; at k=1 a group that the newest weights
+        # sampled whole may join it too (timing), within the staleness bound checked next
+        assert min(r["policy_step"] for r in records) == store.manifest(f"rollouts/step_{s}")["policy_step"]
         assert all(0 <= staleness(s, r["policy_step"]) <= k for r in records)
         assert json.loads((out / f"metrics/step_{s}.json").read_text())["max_staleness"] == (s == 3)
     assert [s["max_staleness"] for s in summary["steps"]] == [0, 0, 0, 1]
