@@ -7,9 +7,11 @@ records -> micro-batches -> files. A record is a trajectory's token fields (`inp
   loss_mask [B, L]      1 where the token at that position was sampled by the model, 0 elsewhere
   old_logprobs [B, L]   the sampler's logprob of that token (0 elsewhere)
   advantages [B]        the sequence's advantage
+  real_tokens [B]       how many leading positions of the row are tokens (the rest is padding)
 With seq_len > 0 sequences are packed instead: rows of exactly seq_len tokens holding several
 sequences, `position_ids [R, L]` restarting at each one (the loss tells sequences apart by them),
-and `advantages [R, L]` per token.
+and `advantages [R, L]` per token. `real_tokens` is what no other field says exactly (pad_id can be
+a real token, e.g. EOS): the MoE router's load counts only those (trainer/router.py).
 
 Packing: position ids restart at 0 at every sequence start. transformers reads restarts as
 sequence boundaries: sdpa/eager get a block-diagonal causal mask, flash-attention runs varlen, so
@@ -57,12 +59,13 @@ def pack_rows(
     pad: dict[str, float],
     dtypes: dict[str, torch.dtype],
 ) -> dict[str, torch.Tensor]:
-    """[len(rows), width] tensors of each per-token field, plus `position_ids`.
+    """[len(rows), width] tensors of each per-token field, plus `position_ids` and `real_tokens`.
 
     `seqs[i][field]` are token-aligned lists of one sequence; `pad[field]` fills the tail.
     """
     out = {k: torch.full((len(rows), width), pad[k], dtype=dtypes[k]) for k in pad}
     pos = torch.zeros((len(rows), width), dtype=torch.long)
+    real = torch.zeros(len(rows), dtype=torch.long)
     for r, members in enumerate(rows):
         at = 0
         for i in members:
@@ -72,7 +75,9 @@ def pack_rows(
             pos[r, at : at + n] = torch.arange(n)
             at += n
         pos[r, at:] = torch.arange(width - at)
+        real[r] = at
     out["position_ids"] = pos
+    out["real_tokens"] = real
     return out
 
 
@@ -94,6 +99,7 @@ def padded(records: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor
         "loss_mask": loss_mask,
         "old_logprobs": old_logprobs,
         "advantages": advantages,
+        "real_tokens": torch.tensor([len(r["input_ids"]) for r in records], dtype=torch.long),
     }
 
 

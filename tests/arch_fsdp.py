@@ -46,7 +46,12 @@ def step(model_dir: str, par: Parallel | None) -> dict[str, Any]:
     micro, n = batch()
     metrics = train_step(policy, opt, micro, PolicyLoss(LossConfig(), n), TC.max_grad_norm, par=par)
     sent = full_state_dict(policy, sharded=par is not None and par.enabled)
-    return {"loss": metrics["loss"], "sent": {k: v.detach().to("cpu", copy=True) for k, v in sent.items()}}
+    router = {k: v for k, v in metrics.items() if k.startswith("router/")}  # MoE: summed over ranks
+    return {
+        "loss": metrics["loss"],
+        "router": router,
+        "sent": {k: v.detach().to("cpu", copy=True) for k, v in sent.items()},
+    }
 
 
 def main(out: str, model_dirs: list[str]) -> None:

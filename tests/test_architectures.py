@@ -100,8 +100,8 @@ def test_the_chunked_lm_head_is_the_models_own_head(models, arch):
 
 def test_fsdp2_two_ranks_train_and_send_what_one_process_does(models, tmp_path):
     """One GRPO step per architecture under FSDP2 (2 gloo ranks, one torchrun for all six): the
-    same loss as one process, and the tensors a transport sends (gathered from the shards; a tied
-    head still the embedding) have the same names, shapes and values."""
+    same loss (and MoE router load) as one process, and the tensors a transport sends (gathered
+    from the shards; a tied head still the embedding) have the same names, shapes and values."""
     cmd = [
         sys.executable,
         "-m",
@@ -118,6 +118,8 @@ def test_fsdp2_two_ranks_train_and_send_what_one_process_does(models, tmp_path):
     for arch in ARCHS:
         want, got = step(str(models[arch]), None), torch.load(tmp_path / f"{arch}.pt")
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-6), arch
+        assert got["router"] == pytest.approx(want["router"]), arch  # both ranks' tokens, once each
+        assert bool(want["router"]) == (arch == "qwen3_moe"), arch
         assert {k: v.shape for k, v in got["sent"].items()} == {k: v.shape for k, v in want["sent"].items()}
         assert ("lm_head.weight" in want["sent"]) == (arch in ("llama", "qwen3_moe"))
         for k, v in want["sent"].items():

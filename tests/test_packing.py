@@ -47,10 +47,11 @@ def test_first_fit_places_every_sequence_once_within_capacity():
 def test_packed_rows_hold_samples_with_restarting_positions():
     recs = _records(12)
     (mb,) = packed_micro_batches(recs, pad_id=0, seq_len=32, rows_per_micro=64)
-    assert set(mb) == {"input_ids", "loss_mask", "old_logprobs", "advantages", "position_ids"}
+    assert set(mb) == {"input_ids", "loss_mask", "old_logprobs", "advantages", "position_ids", "real_tokens"}
     assert mb["input_ids"].shape[1] == 32
     lengths = [len(r["input_ids"]) for r in recs]
     assert mb["input_ids"].shape[0] == len(first_fit(lengths, 32)) < len(recs)
+    assert int(mb["real_tokens"].sum()) == sum(lengths)  # a row's tail padding is not a token
     assert int(mb["loss_mask"].sum()) == sum(sum(r["loss_mask"]) for r in recs)
     assert int((mb["position_ids"] == 0).sum()) >= len(recs)  # each sample starts at position 0
     assert torch.isclose(mb["old_logprobs"].sum(), torch.tensor(sum(sum(r["logprobs"]) for r in recs))).item()

@@ -248,6 +248,8 @@ def _step(
         "stream": roll.get("stream", {}) | {"buffered_groups": roll.get("buffered_groups", 0)},
         "finished_at": time.time(),
     }
+    if router := {k.removeprefix("router/"): v for k, v in metrics.items() if k.startswith("router/")}:
+        record["router"] = router  # MoE: the router's load balance over the step (trainer/router.py)
     if "shaping" in roll:  # orchestrator.shaping: groups dropped and refilled, overlong samples
         record["shaping"] = roll["shaping"]
     if evaluated is not None:

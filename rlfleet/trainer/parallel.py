@@ -158,6 +158,10 @@ def apply_compile(model: torch.nn.Module) -> None:
     from rlfleet.trainer.lm_head import compile_lm_head
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    # MoE: the router hook's record (trainer/router.py) is a forward side effect; inside a checkpointed
+    # layer dynamo breaks the graph unless it may skip replaying it in the backward, which is right
+    if hasattr(torch._dynamo.config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
+        torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     for layer in decoder_layers(model):
         layer.compile(dynamic=False)
     compile_lm_head()

@@ -62,4 +62,4 @@ def load_reference(cfg: TrainerJobConfig, par: Parallel, policy: Policy) -> Refe
     if par.enabled and tc.param_dtype == "bfloat16":
         lm = lm.to(torch.bfloat16)
     lm = lm.to(par.device).eval().requires_grad_(False)
-    return Policy(lm, policy.lm_head_chunk)
+    return Policy(lm, policy.lm_head_chunk, routing=False)  # the policy's routing is what is logged

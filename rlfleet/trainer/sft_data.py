@@ -207,7 +207,8 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
     for i, e in enumerate(examples):
         ids[i, : len(e.input_ids)] = torch.tensor(e.input_ids)
         mask[i, : len(e.loss_mask)] = torch.tensor(e.loss_mask)
-    return {"input_ids": ids, "loss_mask": mask}
+    real = torch.tensor([len(e.input_ids) for e in examples], dtype=torch.long)
+    return {"input_ids": ids, "loss_mask": mask, "real_tokens": real}
 
 
 def micro_batches(examples: list[Example], size: int, pad_id: int) -> list[dict[str, torch.Tensor]]:

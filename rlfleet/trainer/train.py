@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from rlfleet.trainer.lm_head import chunked_logprobs
 from rlfleet.trainer.lora import base_model
 from rlfleet.trainer.loss import logprobs_and_entropy, token_logprobs
 from rlfleet.trainer.parallel import Parallel, set_gradient_sync
+from rlfleet.trainer.router import RouterLoad
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,7 +47,9 @@ class Policy(torch.nn.Module):
     and LM head; `lm` stays the HF model (under LoRA the PeftModel around it) for other callers.
     """
 
-    def __init__(self, lm: torch.nn.Module, lm_head_chunk: int = 0, entropy: bool = False):
+    def __init__(
+        self, lm: torch.nn.Module, lm_head_chunk: int = 0, entropy: bool = False, routing: bool = True
+    ):
         super().__init__()
         hf = base_model(lm)
         if getattr(hf.config, "attn_logit_softcapping", None) and hf.config._attn_implementation != "eager":
@@ -55,6 +59,8 @@ class Policy(torch.nn.Module):
         self.lm = lm
         self.lm_head_chunk = lm_head_chunk
         self.want_entropy = entropy  # full logits: also the entropy (an entropy bonus needs it)
+        # MoE: tokens per expert of each step (router/* metrics); None for a dense model (or routing=False)
+        self.routing = RouterLoad.install(hf) if routing else None
 
     def forward(
         self, input_ids: torch.Tensor, temperature: float = 1.0, position_ids: torch.Tensor | None = None
@@ -107,7 +113,7 @@ def shard_micro_batches(
     micro_batches: list[dict[str, torch.Tensor]], par: Parallel | None
 ) -> list[dict[str, torch.Tensor]]:
     """This rank's share (round robin). Every rank runs the same count, so FSDP's collectives pair
-    up: a rank that comes up short repeats a micro-batch with its loss mask zeroed."""
+    up: a rank that comes up short repeats a micro-batch with its loss mask (and real tokens) zeroed."""
     if par is None or par.world == 1:
         return micro_batches
     mine = micro_batches[par.rank :: par.world]
@@ -115,6 +121,7 @@ def shard_micro_batches(
     while len(mine) < need:
         pad = dict(micro_batches[0])
         pad["loss_mask"] = torch.zeros_like(pad["loss_mask"])
+        pad["real_tokens"] = torch.zeros(len(pad["input_ids"]), dtype=torch.long)  # routes nothing either
         mine.append(pad)
     return mine
 
@@ -148,12 +155,14 @@ def accumulate(
     world = 1 if par is None or not par.enabled else par.world
     mine = shard_micro_batches(micro_batches, par)
     totals: dict[str, torch.Tensor] = {}
+    routing: RouterLoad | None = getattr(policy, "routing", None)
     for i, mb in enumerate(mine):
         mb = {k: v.to(device, non_blocking=True) for k, v in mb.items()}
         set_gradient_sync(policy, i == len(mine) - 1)
         # Padding sits only at the right end, so causal attention never looks at it: no mask needed.
         # Packed rows carry position_ids that restart per sample (rlfleet/batches.py).
-        logprobs, entropy = policy(mb["input_ids"], temperature, mb.get("position_ids"))
+        with routing.counting(mb) if routing is not None else contextlib.nullcontext():
+            logprobs, entropy = policy(mb["input_ids"], temperature, mb.get("position_ids"))
         loss, stats = loss_fn(mb, logprobs, entropy)
         (loss * world if world > 1 else loss).backward()
         for k, v in {"loss": loss.detach(), **stats}.items():
@@ -217,7 +226,12 @@ def train_step(
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
     lr = optimizer.param_groups[0]["lr"]
+    routing: RouterLoad | None = getattr(policy, "routing", None)
+    if routing is not None:
+        routing.reset()  # the warm-up's (or the last step's) counts
     totals = accumulate(policy, micro_batches, objective, objective.temperature, par)
     grad_norm = optimizer_step(policy, optimizer, max_grad_norm)
     metrics = {"loss": totals["loss"], "grad_norm": grad_norm, "lr": float(lr), **objective.metrics(totals)}
+    if routing is not None:  # MoE: the router's load balance over the step (trainer/router.py)
+        metrics |= routing.metrics(par)
     return metrics | {"train_seconds": time.perf_counter() - start}
