@@ -32,6 +32,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -105,6 +106,12 @@ def run_variant(argv: list[str], out: Path, logs: Path, name: str, root: Path) -
         "stream": stream,
         "all_gen_tokens_per_s": stream.get("generated_tokens", 0) / loop_s or None,
     }
+
+
+def finished_steps(out: Path) -> list[dict[str, Any]]:
+    """The flow's records of the steps a run finished (a run cut short by a time limit keeps them)."""
+    files = sorted((out / "steps").glob("step_*.json"), key=lambda f: int(f.stem.removeprefix("step_")))
+    return [json.loads(f.read_text()) for f in files]
 
 
 def rollout_records(out: Path, step: int) -> list[dict[str, Any]]:
@@ -404,6 +411,8 @@ def main() -> None:
     ap.add_argument("--logs", help="keep every command's output in this directory")
     ap.add_argument("--out", required=True)
     a, overrides = ap.parse_known_args()
+    # `timeout` sends SIGTERM: unwind, so a cut run's finished steps reach the .partial.json
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if a.trl_vllm and a.device != "cuda":
         ap.error("--trl-vllm needs --device cuda")
     if unknown := set(a.peak_variants.split(",")) - PEAK_VARIANTS.keys():
@@ -447,7 +456,12 @@ def main() -> None:
             args = argv(out, d["steps"], extra)
             if root == ROOT:  # a bad override fails here, before the run (another ref: its own check)
                 load(RLConfig, args)
-            res = run_variant(args, out, logs, name, root)
+            try:
+                res = run_variant(args, out, logs, name, root)
+            except BaseException:  # SIGTERM (timeout) included: keep what the run finished
+                results[name] = {"cut": True, "steps": finished_steps(out)}
+                save_partial(a.out, env, results)
+                raise
             steps = range(len(res["per_step"]["step"]))
             lengths = [[sum(r["loss_mask"]) for r in rollout_records(out, s)] for s in steps]
             res |= length_summary(lengths, d["max_tokens"]) | {"overrides": extra, "checkout": str(root)}
