@@ -18,6 +18,16 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
+def not_shared(what: str, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
+    """Why `what`, which needs vLLM and the trainer on one GPU, cannot run on these, else None."""
+    if set(inference_gpus) & set(trainer_gpus):
+        return None
+    return (
+        f"{what} needs vLLM and the trainer on one GPU; they got {inference_gpus or 'none'} and "
+        f"{trainer_gpus or 'none'}"
+    )
+
+
 def assign_gpus(
     d: DeploymentConfig | MultiNodeDeployment, visible: list[str] | None = None
 ) -> tuple[list[str], list[str]]:

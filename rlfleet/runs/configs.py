@@ -6,7 +6,7 @@ from rlfleet.config.checks import check_lora, check_model, check_output_dir, che
 from rlfleet.config.deployment import slurm_missing
 from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.models import RLConfig
-from rlfleet.config.placement import assign_gpus, gpu_defaults, split_cpus
+from rlfleet.config.placement import assign_gpus, gpu_defaults, not_shared, split_cpus
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.store import run_store
 from rlfleet.weights.controller import make_controller
@@ -52,10 +52,8 @@ def preflight(cfg: RLConfig, ports: bool = True) -> tuple[list[str], list[str]]:
         gpus = ([], [])
     if problem := make_controller(cfg.weights.transport).placement(*gpus):
         problems.append(problem)
-    if cfg.inference.sleep and not set(gpus[0]) & set(gpus[1]):
-        problems.append(
-            f"inference.sleep needs vLLM and the trainer on one GPU; they got {gpus[0] or 'none'} and {gpus[1] or 'none'}"
-        )
+    if cfg.inference.sleep and (problem := not_shared("inference.sleep", *gpus)):
+        problems.append(problem)
     raise_if(problems)
     return gpus
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from rlfleet.config.placement import not_shared
 from rlfleet.procs import this_process
 from rlfleet.store import RunStore
 from rlfleet.weights.tickets import REGROUP, REGROUPED, newest_weights, sender_running, trainer_ticket
@@ -112,12 +113,8 @@ class CudaIpc:
         return None
 
     def placement(self, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
-        if set(inference_gpus) & set(trainer_gpus):
-            return None
-        return (
-            "weights.transport: cuda_ipc maps the trainer's GPU memory into vLLM, so it needs vLLM and "
-            f"the trainer on one GPU; they got {inference_gpus or 'none'} and {trainer_gpus or 'none'}"
-        )
+        what = "weights.transport: cuda_ipc maps the trainer's GPU memory into vLLM, so it"
+        return not_shared(what, inference_gpus, trainer_gpus)
 
 
 class Nccl:
