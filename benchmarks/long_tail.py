@@ -228,14 +228,13 @@ async def _burst(
     import httpx
 
     from rlfleet.inference.server import SERVED_NAME
+    from rlfleet.orchestrator.sampler import GENERATE, generate_body
 
-    params = {"max_tokens": max_tokens, "temperature": 1.0, "n": n, "ignore_eos": True}
-    if endpoint == "generate":
-        path = "inference/v1/generate"
-        params |= {"detokenize": False} | ({"logprobs": 0} if logprobs else {})
-        body = {"model": SERVED_NAME, "token_ids": seed_ids, "sampling_params": params, "stream": stream}
+    if endpoint == "generate":  # the sampler's own request (all these variants ask for the logprob)
+        path, body = GENERATE, generate_body(seed_ids, n, max_tokens, stream=stream, ignore_eos=True)
     else:
         path = "v1/completions"
+        params = {"max_tokens": max_tokens, "temperature": 1.0, "n": n, "ignore_eos": True}
         body = {"model": SERVED_NAME, "prompt": seed_ids, "return_token_ids": True, "stream": stream} | params
         if logprobs:
             body |= {"logprobs": 0, "return_tokens_as_token_ids": True}
