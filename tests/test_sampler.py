@@ -4,8 +4,9 @@ The servers speak the slice of vLLM's streamed /inference/v1/generate that the s
 ids, logprobs and finish reasons per chunk and choice). What is under test: work goes to the replica
 with the fewest requests in flight; a request that keeps streaming never times out however long
 it runs; one whose replica dies or stalls keeps its tokens and continues elsewhere from them;
-each token is credited to the weights its replica served. The real vLLM path runs in test_e2e
-and test_faults.
+each token is credited to the weights its replica served; a replica too busy to answer /health in
+time is alive to the pool's liveness probe, one that answers an error or refuses is down. The real
+vLLM path runs in test_e2e and test_faults.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from collections import Counter
 import pytest
 import uvicorn
 from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from rlfleet.errors import TransientError
+from rlfleet.inference.server import probe
 from rlfleet.orchestrator.sampler import FixedReplicas, Sampler
 from tests.conftest import free_port
 
@@ -35,10 +37,13 @@ class Server:
     def __init__(self, delay_s=0.0, die_after=None, stall_after=None, gates=None, group_bug=False):
         self.delay_s, self.die_after, self.stall_after = delay_s, die_after, stall_after
         self.group_bug = group_bug
+        self.health_status = 200
+        self.health_gate: threading.Event | None = None  # when set: /health answers only once it is
         self.gates: dict[int, threading.Event] = gates or {}
         self.bodies: list[dict] = []
         app = FastAPI()
         app.post("/inference/v1/generate")(self.complete)
+        app.get("/health")(self.health)
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
@@ -47,6 +52,11 @@ class Server:
         while not self.server.started:
             assert time.monotonic() < deadline, "test server did not start"
             time.sleep(0.02)
+
+    async def health(self):
+        if self.health_gate is not None:
+            await asyncio.to_thread(self.health_gate.wait, 10)
+        return Response(status_code=self.health_status)
 
     async def complete(self, body: dict):
         self.bodies.append(body)
@@ -97,8 +107,9 @@ def servers():
 
     yield start
     for s in started:
-        for gate in s.gates.values():
-            gate.set()
+        for gate in [*s.gates.values(), s.health_gate]:
+            if gate is not None:
+                gate.set()
         s.stop()
 
 
@@ -244,3 +255,20 @@ def test_each_token_is_credited_to_the_weights_its_replica_served(servers):
 
     (s,) = asyncio.run(main())
     assert s.versions == [0, 0, 0, 0, 0, 1, 1, 1]
+
+
+def test_a_replica_too_busy_to_answer_health_is_alive_and_an_error_or_refusal_is_down(servers):
+    """On an H100 a vLLM API server streaming ~1,000 requests left /health unanswered for 2 s and
+    the pool killed it with 300 requests in flight; only an answer says a replica is down."""
+    s = servers()
+    assert probe(s.url) is True
+    s.health_gate = threading.Event()  # busy: no answer within the probe's timeout
+    assert probe(s.url) is None
+    s.health_gate.set()
+    s.health_status = 500  # vLLM's answer once its engine core died
+    assert probe(s.url) is False
+    s.stop()
+    deadline = time.monotonic() + 10
+    while probe(s.url) is not False:  # refused once uvicorn has closed its socket
+        assert time.monotonic() < deadline, "the stopped server still answers"
+        time.sleep(0.05)

@@ -22,6 +22,7 @@ from rlfleet.inference.server import (
     Replica,
     healthy,
     launch_replicas,
+    probe,
     start_replicas,
     stop_replicas,
     wait_ready,
@@ -78,10 +79,12 @@ class InferencePool:
                 self.starting = True
 
     def _ensure(self) -> list[str]:
-        """Launch missing or dead replicas (with the current weights) and return all URLs.
+        """Launch missing or dead replicas (with the current weights) and return all URLs. Dead:
+        the process exited, or /health refused or failed (`probe`); a replica too busy to answer
+        in time is alive.
 
         External replicas (`inference.urls`, started by a SLURM job on its inference nodes) are
-        only waited for, the first time until all are healthy. One that stops answering later is
+        only waited for, the first time until all are healthy. One that is down later is
         dropped for good (it could come back holding old weights) and the rollout goes on with
         the others; none left is a transient error.
         """
@@ -96,7 +99,7 @@ class InferencePool:
             except BaseException:
                 self.replicas = []  # stopped by wait_ready
                 raise
-        dead = [r for r in self.replicas if not (r.process.alive() and healthy(r.url))]
+        dead = [r for r in self.replicas if not r.process.alive() or probe(r.url) is False]
         if dead or not self.replicas:
             self.relaunched += [
                 {"replica": r.index, "exit_code": r.process.returncode(), "weights": self.policy_step}
@@ -209,7 +212,7 @@ class InferencePool:
                 )
             self.external_ready = True
         for url in self.urls:
-            if url not in self.dropped and not healthy(url):
+            if url not in self.dropped and probe(url) is False:
                 log.warning("external vLLM replica %s stopped answering; dropped from the pool", url)
                 self.dropped.add(url)
         live = [u for u in self.urls if u not in self.dropped]

@@ -114,8 +114,19 @@ def replica_env(cfg: InferenceJobConfig, index: int) -> dict[str, str]:
 
 
 def healthy(url: str) -> bool:
+    """`url` answered /health with 200 within 2 s (what a starting replica is waited for)."""
+    return probe(url) is True
+
+
+def probe(url: str) -> bool | None:
+    """True: serving. False: down (connection refused, or an error status: vLLM answers 500 once
+    its engine core is dead). None: no answer in time, which is what an API server streaming to
+    a thousand requests does under load, so a replica whose process lives is not judged dead on
+    it: its requests' own progress decides (the sampler's stall timeout)."""
     try:
         return httpx.get(f"{url}/health", timeout=2.0, verify=tls()).status_code == 200
+    except httpx.TimeoutException:
+        return None
     except httpx.HTTPError:
         return False
 
