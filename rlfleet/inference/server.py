@@ -110,6 +110,11 @@ def replica_env(cfg: InferenceJobConfig, index: int) -> dict[str, str]:
         # Measured here (2 cores, tiny model): ready in 32 s instead of 53-78 s, same tokens/s
         # (2,941 vs 2,988 at 32 x n=8 requests); reload, pause and resume answer the same.
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM torch.compiles two sampler helpers even under --enforce-eager (the sampled token's
+        # rank for its logprob, and the random sample); on a CPU inductor builds them with g++ at
+        # the first batch: 13 s of step 0's rollout on 2 cores, ~3 s even from a warm cache.
+        # Eager runs the same ops.
+        env["TORCHDYNAMO_DISABLE"] = "1"
     return env
 
 
