@@ -393,6 +393,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="rlfleet's steps (default: 4 cpu, 10 cuda)")
     ap.add_argument("--trl-steps", type=int, default=None, help="TRL's steps (default: 2 cpu, 5 cuda)")
     ap.add_argument("--trl-vllm", action="store_true", help="TRL samples with colocated vLLM (GPU only)")
+    ap.add_argument(
+        "--trl-micro", type=int, default=None, help="TRL's micro-batch in sequences (32 cpu, 8 cuda)"
+    )
+    ap.add_argument(
+        "--trl-checkpointing",
+        action="store_true",
+        help="TRL with gradient checkpointing (what its OOM asks for)",
+    )
     ap.add_argument("--only", choices=["both", "rlfleet", "trl"], default="both")
     ap.add_argument("--variants", default="rlfleet=", help='"NAME=ARGS;NAME=ARGS": one rlfleet run each')
     ap.add_argument("--rlfleet-ref", help="also run every variant from a git worktree of this ref")
@@ -473,8 +481,9 @@ def main() -> None:
         env["loadavg_between"] = os.getloadavg()
         cfg_trl = load(RLConfig, argv(tmp / "trl_unused", trl_steps, []))
         spec = trl_spec(cfg_trl, model, tmp, a.device, a.trl_vllm)
-        micro = min(TRL_MICRO[a.device], seqs)
+        micro = min(a.trl_micro or TRL_MICRO[a.device], seqs)
         spec["grpo"] |= {"per_device_train_batch_size": micro, "gradient_accumulation_steps": seqs // micro}
+        spec["grpo"]["gradient_checkpointing"] = a.trl_checkpointing
         if a.only != "rlfleet":
             # TRL's worker re-enters this file: vs_trl.run_trl runs vs_trl.py itself with --_trl-worker
             res = run_trl(spec, tmp, logs / "trl.log")
