@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -11,13 +12,17 @@ import httpx
 import psutil
 import pytest
 
+from rlfleet.orchestrator.sampler import GENERATE, generate_body
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.e2e
 
 
 def test_inference_cli_serves_and_stops_its_process_tree(tiny_model, tmp_path):
+    """Also: a CPU replica's first sampled batch builds no inductor kernels (vLLM compiles two
+    sampler helpers even when eager; g++ on 2 cores made step 0's rollout 13 s)."""
     port = free_port()
+    inductor = tmp_path / "inductor"
     out = tmp_path / "run"
     cmd = [
         sys.executable,
@@ -33,7 +38,8 @@ def test_inference_cli_serves_and_stops_its_process_tree(tiny_model, tmp_path):
         "--inference.max-model-len",
         "128",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(inductor)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         deadline = time.monotonic() + 300
         line = ""
@@ -43,6 +49,10 @@ def test_inference_cli_serves_and_stops_its_process_tree(tiny_model, tmp_path):
         assert f"http://127.0.0.1:{port}" in line
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
         assert [m["id"] for m in models["data"]] == ["policy"]
+        body = generate_body([5, 6, 7], n=8, max_tokens=8)
+        resp = httpx.post(f"http://127.0.0.1:{port}/{GENERATE}", json=body, timeout=120).json()
+        assert [len(c["token_ids"]) for c in resp["choices"]] == [8] * 8
+        assert not [p.name for p in inductor.rglob("*") if p.is_file()], "the replica compiled kernels"
         tree = psutil.Process(proc.pid).children(recursive=True)
         assert len(tree) >= 2, "expected the vLLM API server and its engine core"
     finally:
