@@ -120,6 +120,12 @@ def test_overrides_reach_model_with_types():
     assert cfg.name == "x"
 
 
+def test_a_number_given_to_a_string_field_is_that_string():
+    """`--inference.cpu-threads-bind 0` parses as the TOML integer 0; the field is a string."""
+    cfg = load(RLConfig, ["--model.path", "m", "--inference.cpu-threads-bind", "0", "--run-name", "2024"])
+    assert cfg.inference.cpu_threads_bind == "0" and cfg.run_name == "2024"
+
+
 @pytest.mark.parametrize(
     ("argv", "fields"),
     [

@@ -18,4 +18,5 @@ NonEmptyStr = Annotated[str, AfterValidator(_non_empty)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # a CLI override is a TOML literal: `--inference.cpu-threads-bind 0` arrives as the integer 0
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, coerce_numbers_to_str=True)
