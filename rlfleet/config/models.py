@@ -50,7 +50,8 @@ class InferenceConfig(Strict):
     )
     cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU hosts.")
     cpu_threads_bind: str = Field(
-        "", description="VLLM_CPU_OMP_THREADS_BIND on CPU hosts (e.g. '0' or '0-3'); empty = vLLM's auto."
+        "",
+        description="VLLM_CPU_OMP_THREADS_BIND on CPU hosts (e.g. '0' or '0-3'); empty = the cores but one, unbound.",
     )
     enforce_eager: bool | None = Field(
         None, description="Skip CUDA graphs; unset = eager on a CPU (starts faster), graphs on a GPU."
