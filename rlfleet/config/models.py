@@ -48,6 +48,12 @@ class InferenceConfig(Strict):
         le=1.0,
         description="vLLM's share of its GPU; unset = 0.9 on its own GPU, 0.45 on one it shares with the trainer.",
     )
+    max_num_seqs: int | None = Field(
+        None,
+        ge=1,
+        description="vLLM's --max-num-seqs per replica; unset on a CPU = the samples the rollout stream "
+        "keeps in flight per replica (at least 128, vLLM-CPU's own default), on a GPU = vLLM's default.",
+    )
     cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU hosts.")
     cpu_threads_bind: str = Field(
         "",

