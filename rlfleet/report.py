@@ -48,6 +48,9 @@ def curve_png(
     return buf.getvalue()
 
 
+REWARD_CURVE = "reward_curve.png"  # drawn by the flow's live artifacts (flows/monitor.py)
+
+
 def reward_curve_png(steps: list[dict[str, Any]], title: str) -> bytes:
     xs = [s["step"] for s in steps]
     ys = [s["mean_reward"] for s in steps]
@@ -59,7 +62,6 @@ def write_report(
     steps: list[dict[str, Any]],
     wall_seconds: float,
     config_path: str,
-    title: str,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     summary = {
@@ -69,9 +71,8 @@ def write_report(
         "config": config_path,
         "first3_mean_reward": mean_or_none([s["mean_reward"] for s in steps[:3]]),
         "last3_mean_reward": mean_or_none([s["mean_reward"] for s in steps[-3:]]),
-        "reward_curve": store.uri("reward_curve.png"),
+        "reward_curve": store.uri(REWARD_CURVE) if store.exists(REWARD_CURVE) else None,
     }
-    store.write_bytes("reward_curve.png", reward_curve_png(steps, title))
     store.write_json("summary.json", summary)
     return summary
 

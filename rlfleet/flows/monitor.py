@@ -27,7 +27,7 @@ from prefect.events import emit_event
 from prefect.runtime import flow_run
 
 from rlfleet.flows.artifacts import artifact_key, metric_row
-from rlfleet.report import reward_curve_png
+from rlfleet.report import REWARD_CURVE, reward_curve_png
 from rlfleet.store import RunStore
 
 RECOVERIES = "run/recoveries.json"
@@ -99,6 +99,7 @@ class LiveArtifacts:
             description=f"per-step metrics of rl run {self.name} (steps 0-{steps[-1]['step']})",
         )
         png = reward_curve_png(steps, f"{self.name}: mean reward per step")
+        self.store.write_bytes(REWARD_CURVE, png)  # the run's curve file, as live as the artifact
         create_image_artifact(
             image_url="data:image/png;base64," + base64.b64encode(png).decode(),
             key=artifact_key(self.name, "reward-curve"),

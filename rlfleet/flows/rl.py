@@ -160,7 +160,7 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
         sink.finish()
 
     extra = {"recoveries": recoveries(store), "wandb": sink.path, **prefect_run}
-    summary = write_report(store, steps, time.perf_counter() - t0, paths["rl"], cfg.name, extra)
+    summary = write_report(store, steps, time.perf_counter() - t0, paths["rl"], extra)
     publish_summary(store, cfg.name, summary)
     log.info(
         "run %s: first-3 reward %.3f, last-3 reward %.3f, %.0f s; summary at %s",
