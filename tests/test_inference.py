@@ -62,3 +62,28 @@ def test_inference_cli_serves_and_stops_its_process_tree(tiny_model, tmp_path):
     assert not alive, f"left running: {alive}"
     assert "Application startup complete" in (out / "logs/inference/replica_0.log").read_text()
     assert not list((out / "run").glob("*.pid"))
+
+
+def test_a_cpu_replica_leaves_a_core_to_its_api_server_and_the_controller():
+    """Unpinned: the cores but one (at least one), shared by the replicas, unbound; a pinned
+    replica keeps its cores; a GPU replica gets no OpenMP settings."""
+    from rlfleet.config.models import InferenceJobConfig
+    from rlfleet.inference.server import cpu_threads, replica_env
+
+    assert cpu_threads(1, cpus=2) == {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+    assert cpu_threads(2, cpus=16)["OMP_NUM_THREADS"] == "7"
+    assert cpu_threads(4, cpus=2)["OMP_NUM_THREADS"] == "1"
+
+    def env(**inference: object) -> dict[str, str]:
+        gpus = inference.pop("gpu_ids", [])
+        cfg = InferenceJobConfig.model_validate(
+            {"model": {"path": "m"}, "inference": inference, "gpu_ids": gpus}
+        )
+        return replica_env(cfg, 0)
+
+    assert env()["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and env()["TORCHDYNAMO_DISABLE"] == "1"
+    pinned = env(cpu_threads_bind="0")
+    assert pinned["VLLM_CPU_OMP_THREADS_BIND"] == "0" and "OMP_NUM_THREADS" not in pinned
+    on_gpu = env(gpu_ids=["0"])
+    assert on_gpu["CUDA_VISIBLE_DEVICES"] == "0"
+    assert not {"VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "TORCHDYNAMO_DISABLE"} & set(on_gpu)

@@ -103,23 +103,21 @@ def replica_env(cfg: InferenceJobConfig, index: int) -> dict[str, str]:
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
     }
-    if cfg.inference.cpu_threads_bind and not cfg.num_gpus:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.inference.cpu_threads_bind
-    elif not cfg.num_gpus:
-        env |= cpu_threads(cfg.inference.num_replicas)
     if cfg.num_gpus:
         tp = cfg.inference.tensor_parallel_size
         env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpu_ids[index * tp : (index + 1) * tp])
-    else:
-        # CPU: the engine in the server's process tree without its own multiprocessing layer.
-        # Measured here (2 cores, tiny model): ready in 32 s instead of 53-78 s, same tokens/s
-        # (2,941 vs 2,988 at 32 x n=8 requests); reload, pause and resume answer the same.
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        # vLLM torch.compiles two sampler helpers even under --enforce-eager (the sampled token's
-        # rank for its logprob, and the random sample); on a CPU inductor builds them with g++ at
-        # the first batch: 13 s of step 0's rollout on 2 cores, ~3 s even from a warm cache.
-        # Eager runs the same ops.
-        env["TORCHDYNAMO_DISABLE"] = "1"
+        return env
+    # CPU: the engine in the server's process tree without its own multiprocessing layer.
+    # Measured here (2 cores, tiny model): ready in 32 s instead of 53-78 s, same tokens/s
+    # (2,941 vs 2,988 at 32 x n=8 requests); reload, pause and resume answer the same.
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # vLLM torch.compiles two sampler helpers even under --enforce-eager (the sampled token's
+    # rank for its logprob, and the random sample); on a CPU inductor builds them with g++ at
+    # the first batch: 13 s of step 0's rollout on 2 cores, ~3 s even from a warm cache.
+    # Eager runs the same ops.
+    env["TORCHDYNAMO_DISABLE"] = "1"
+    bind = cfg.inference.cpu_threads_bind
+    env |= {"VLLM_CPU_OMP_THREADS_BIND": bind} if bind else cpu_threads(cfg.inference.num_replicas)
     return env
 
 
