@@ -110,6 +110,18 @@ def test_each_env_gets_its_share_of_a_step(tmp_path):
     assert buffered(store) == {"0-b-2", "0-a-4"}
 
 
+@pytest.mark.parametrize(
+    ("served", "k", "max_steps", "groups"),
+    [(-1, 0, 3, 2), (1, 0, 3, 2), (2, 0, 3, 0), (1, 1, 3, 2), (1, 1, None, 4)],
+)
+def test_the_stream_samples_no_step_past_the_runs_last(tmp_path, served, k, max_steps, groups):
+    """Weights `served` may train steps up to served + 1 + k; none past max_steps - 1 (the last
+    broadcast of a run started a whole step's sampling nobody took)."""
+    cfg = OrchestratorConfig(batch_size=2, group_size=2, max_async_level=k)
+    s = RolloutStream(cfg, RunStore(tmp_path), "unused", None, lambda: served, 0, 64, served + 1, max_steps)
+    assert len(s._wanted()) == groups
+
+
 # -- batch shaping: dynamic sampling and overlong samples, the stream's thread on a fake sampler --
 class FakeSampling:
     """The stream's sampling half without vLLM: `script(env, example_uid, i)` gives sample i's

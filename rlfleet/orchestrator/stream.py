@@ -92,6 +92,7 @@ class RolloutStream:
         seed: int,
         max_model_len: int,
         next_step: int,
+        max_steps: int | None = None,  # no groups for steps from it on (None: no last step)
     ):
         self.cfg, self.store, self.replicas, self.served, self.seed = cfg, store, replicas, served, seed
         self.model_path = model_path
@@ -101,6 +102,7 @@ class RolloutStream:
         self.envs = load_envs(cfg.env)
         self.counts_per_env = dict(zip([e.name for e in self.envs], cfg.env_counts(), strict=True))
         self.taken = next_step  # the next step take() serves
+        self.max_steps = max_steps
         self.counts = Counts()
         self.error: BaseException | None = None
         self.shaping = cfg.shaping
@@ -265,7 +267,10 @@ class RolloutStream:
         as (env, refill). Without dynamic sampling env is None: the next prompt drawn, whichever
         env's. With it each env's share is counted on its own, and a held group is replaced (a
         refill) while `max_refill` since the last take lasts, then counted as had."""
-        steps = max(self.served() + 1 + self.cfg.max_async_level - self.taken + 1, 0)
+        newest = self.served() + 1 + self.cfg.max_async_level  # the last step these weights may train
+        if self.max_steps is not None:  # after the run's last broadcast nothing is left to sample
+            newest = min(newest, self.max_steps - 1)
+        steps = max(newest - self.taken + 1, 0)
         with self._cond:
             if not self.shaping.dynamic_sampling:
                 have = sum(self._in_flight.values()) + len(self._ready)

@@ -64,6 +64,7 @@ class RunHandles:
             cfg.seed,
             cfg.inference.max_model_len,
             next_step,
+            cfg.max_steps,
         ).start()
         return self.stream
 
