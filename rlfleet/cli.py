@@ -16,7 +16,6 @@ rlfleet worker --pool rlfleet-slurm        # = prefect worker start --pool rlfle
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import os
@@ -265,14 +264,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def run() -> int:
-    """The `rlfleet` command: `main`, then a normal exit minus the garbage collector's passes over
-    every object torch, transformers and Prefect left (~2 s on 2 cores after a run was done;
-    atexit handlers and thread joins run as they always do)."""
-    code = main()
-    gc.freeze()
-    return code
-
-
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(main())
