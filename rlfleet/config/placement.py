@@ -60,9 +60,10 @@ PACKED_ROW_TOKENS = 8192
 def gpu_defaults(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> RLConfig:
     """Fill what depends on placement: vLLM's dtype (bfloat16 on a GPU), which the trainer's
     weight transport must match, vLLM's share of a GPU it shares with the trainer (0.45), a CPU
-    replica's batch of sequences (max_num_seqs), and the trainer's batch shape. A GPU trainer (a multi-node job's on GPU nodes included) gets packed rows of
-    max(max_model_len, 8192) tokens, one row per micro-batch, so that a micro-batch is bounded by
-    tokens and a step of long samples fits; a CPU trainer gets 32 right-padded sequences."""
+    replica's batch of sequences (max_num_seqs), and the trainer's batch shape. A GPU trainer (a
+    multi-node job's on GPU nodes included) gets packed rows of max(max_model_len, 8192) tokens,
+    one row per micro-batch, so that a micro-batch is bounded by tokens and a step of long samples
+    fits; a CPU trainer gets 32 right-padded sequences."""
     i, o = cfg.inference, cfg.orchestrator
     update = {"dtype": i.vllm_dtype(cfg.model.dtype, bool(inference_gpus))}
     if set(inference_gpus) & set(trainer_gpus) and i.gpu_memory_utilization is None:
