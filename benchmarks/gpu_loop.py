@@ -11,6 +11,14 @@ from the replica's log. Shapes are random-init Llamas with the tiny character to
         --out benchmarks/results/gpu_loop_h100.json -- --wandb.mode disabled
     python benchmarks/gpu_loop.py --shapes 05b --transports cuda_ipc --levels 0,1 --out ...  # async
     python benchmarks/gpu_loop.py --shapes 05b --transports nccl --kill-trainer-at 12 --out ...
+    python benchmarks/gpu_loop.py --shapes moe,moe_dense --transports cuda_ipc --steps 10 --out ...
+    python benchmarks/gpu_loop.py --shapes 15b --transports cuda_ipc --out ... -- --trainer.lora.rank 16
+
+`moe` is a small Qwen3-MoE (8 experts, top-2, every layer sparse) and `moe_dense` the Llama with
+the same parameters per token (SHAPES says how); with both in the JSON, `moe_vs_dense` holds the
+ratios of their step, trainer, sampling and sync medians. A MoE run also has the trainer's router
+load balance (`router_median`, `router_last`: rlfleet/trainer/router.py's router/* metrics).
+Each run records its model's parameters (`params`: total, and active per token).
 
 On two visible GPUs vLLM takes GPU 0 and the trainer GPU 1 (nccl sends between them).
 `--kill-trainer-at N` SIGKILLs the trainer's process group once it reports step N done (an nccl
@@ -36,11 +44,73 @@ from common import median, rl_config, run_rl, table, write
 
 from rlfleet.trainer.tiny import make_tiny_model
 
+# make_tiny_model's keywords (rlfleet.trainer.tiny.tiny_config)
 SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {},
     "05b": dict(hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, vocab_size=32768),
     "15b": dict(hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, vocab_size=32768),
+    # Qwen3-MoE: 8 experts of intermediate 768 (1/4 of a 3 x hidden dense MLP), top-2, every layer
+    # sparse, head_dim 64, GQA 4 KV heads, untied head: 411.2M parameters, 184.7M active per token.
+    "moe": dict(
+        arch="qwen3_moe",
+        hidden=1024,
+        intermediate=768,  # moe_intermediate_size (intermediate_size too, which no sparse layer uses)
+        layers=16,
+        heads=16,
+        kv_heads=4,
+        vocab_size=32768,
+        experts=8,
+    ),
+    # The dense Llama of moe's active parameters: the same attention (16 x 64 heads, 4 KV heads),
+    # embeddings, untied head and layers, and one MLP of top_k x 768 = 1536 (3 x 1024 x 1536 =
+    # 2 experts' 2 x 3 x 1024 x 768). 184.6M parameters: moe's active less its router (8 x 1024 per
+    # layer) and qk-norms (2 x 64), 133k = 0.07%.
+    "moe_dense": dict(hidden=1024, intermediate=1536, layers=16, heads=16, kv_heads=4, vocab_size=32768),
 }
+
+
+def param_counts(model: Path) -> dict[str, int]:
+    """The model's parameters, and those one token uses (a MoE's experts count top_k / experts)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(model)
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(cfg)
+    total = sum(p.numel() for p in lm.parameters())
+    experts = sum(p.numel() for n, p in lm.named_parameters() if ".experts." in n)
+    n, k = getattr(cfg, "num_experts", 0) or 0, getattr(cfg, "num_experts_per_tok", 0) or 0
+    return {"total": total, "active": total - experts + (experts * k // n if n else experts)}
+
+
+def router_balance(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A MoE run's router load balance: each router/* metric's median over the steps, and the last
+    step's; {} for a dense model."""
+    steps = [r["router"] for r in records if r.get("router")]
+    if not steps:
+        return {}
+    keys = sorted({k for s in steps for k in s})
+    return {
+        "router_median": {k: median([s[k] for s in steps if k in s]) for k in keys},
+        "router_last": steps[-1],
+    }
+
+
+def moe_vs_dense(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per `moe/...` run with its `moe_dense/...` twin: moe's medians over the dense model's."""
+    out = {}
+    for key, moe in runs.items():
+        dense = runs.get("moe_dense/" + key.removeprefix("moe/")) if key.startswith("moe/") else None
+        if dense is None:
+            continue
+        x = {
+            f"{m}_x": moe[m] / dense[m] if dense[m] else float("nan")
+            for m in ("median_step_s", "median_trainer_s", "median_sample_s", "median_sync_s")
+        }
+        x["steps_per_min"] = {"moe": moe["steps_per_min"], "dense": dense["steps_per_min"]}
+        x["params"] = {"moe": moe["params"], "dense": dense["params"]}
+        out[key.removeprefix("moe/")] = x
+    return out
 
 
 def sync_times(out: Path, records: list[dict[str, Any]]) -> list[float]:
@@ -125,6 +195,7 @@ def main() -> None:
         tmp = Path(a.work or tmp_s)
         for shape in a.shapes.split(","):
             model = make_tiny_model(tmp / f"model_{shape}", seed=0, **SHAPES[shape])
+            params = param_counts(model)
             for transport, level in [
                 (t, int(k)) for t in a.transports.split(",") for k in a.levels.split(",")
             ]:
@@ -147,6 +218,7 @@ def main() -> None:
                 sync = sync_times(out, timed)
                 run = {
                     "shape": SHAPES[shape],
+                    "params": params,
                     "transport": transport,
                     "max_async_level": level,
                     "first3_reward": sum(r["mean_reward"] for r in records[:3]) / 3,
@@ -161,10 +233,13 @@ def main() -> None:
                     "command_wall_s": time.perf_counter() - t0,
                     "checkpoint_s": checkpoint_seconds(out),
                     **vllm_start(out),
+                    **router_balance(timed),
                     **({"kill": killer.report()} if killer else {}),
                     "records": records,
                 }
                 results["runs"][key] = run
+                if pairs := moe_vs_dense(results["runs"]):
+                    results["moe_vs_dense"] = pairs
                 print(key, {k: v for k, v in run.items() if k != "records"}, flush=True)
                 write(a.out, results)  # after every run: a later failure keeps what was measured
     table(
@@ -195,6 +270,40 @@ def main() -> None:
             for k, r in results["runs"].items()
         ],
     )
+    if routed := {k: r for k, r in results["runs"].items() if "router_median" in r}:
+        table(
+            "MoE router load balance (medians over the timed steps; rlfleet/trainer/router.py)",
+            ["run", "max_vio", "load_cv", "dead experts", "tokens/layer", "active M", "total M"],
+            [
+                [
+                    k,
+                    r["router_median"].get("max_vio", float("nan")),
+                    r["router_median"].get("load_cv", float("nan")),
+                    r["router_median"].get("dead_experts", float("nan")),
+                    r["router_median"].get("tokens", float("nan")),
+                    r["params"]["active"] / 1e6,
+                    r["params"]["total"] / 1e6,
+                ]
+                for k, r in routed.items()
+            ],
+        )
+    if pairs := results.get("moe_vs_dense"):
+        table(
+            "MoE over the dense model of equal active parameters (ratios of medians)",
+            ["run", "step s", "trainer s", "sampling s", "sync s", "active M moe", "dense"],
+            [
+                [
+                    k,
+                    x["median_step_s_x"],
+                    x["median_trainer_s_x"],
+                    x["median_sample_s_x"],
+                    x["median_sync_s_x"],
+                    x["params"]["moe"]["active"] / 1e6,
+                    x["params"]["dense"]["active"] / 1e6,
+                ]
+                for k, x in pairs.items()
+            ],
+        )
 
 
 if __name__ == "__main__":

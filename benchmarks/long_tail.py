@@ -20,8 +20,8 @@ completion masks).
 
 Any other `--section.key value` overrides the job for every rlfleet variant (and for TRL where
 vs_trl maps it); `--variants "NAME=ARGS;NAME=ARGS"` runs rlfleet once per entry with its own extra
-overrides; `--rlfleet-ref GITREF` also runs each variant from a `git worktree` of GITREF (named
-NAME@GITREF; that ref must know RepeatArgs.per).
+overrides; `--rlfleet-ref GITREF` also runs each variant from a `git worktree` of GITREF, or from
+a checkout directory of that name (named NAME@GITREF; that ref must know RepeatArgs.per).
 """
 
 from __future__ import annotations
@@ -85,17 +85,20 @@ def checkout(ref: str, tmp: Path, stack: ExitStack) -> Path:
 def runs(
     variants: list[tuple[str, list[str]]], ref: str | None, tmp: Path, stack: ExitStack
 ) -> list[tuple[str, list[str], Path]]:
-    """(name, extra overrides, checkout root) per rlfleet run: every variant here, and at `ref`."""
+    """(name, extra overrides, checkout root) per rlfleet run: every variant here, and at `ref` (a git
+    ref, or a directory holding a checkout: a GPU machine gets the tree without its .git)."""
     out = [(n, v, ROOT) for n, v in variants]
     if ref:
-        root = checkout(ref, tmp, stack)
-        out = [(f"{n}@{ref}", v, root) for n, v in variants] + out
+        root = Path(ref).resolve() if Path(ref, "rlfleet").is_dir() else checkout(ref, tmp, stack)
+        out = [(f"{n}@{Path(ref).name}", v, root) for n, v in variants] + out
     return out
 
 
 def run_variant(argv: list[str], out: Path, logs: Path, name: str, root: Path) -> dict[str, Any]:
     """One `rlfleet rl` from checkout `root`; its trainer and vLLM logs copied beside the command's."""
-    env = None if root == ROOT else dict(os.environ, PYTHONPATH=str(root))
+    # the other checkout in place of this one; the rest of PYTHONPATH (a GPU machine's site dir) kept
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT]
+    env = None if root == ROOT else dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), *path]))
     res = run_rlfleet(argv, out, logs / f"{name}.log", env, root)
     for f in (out / "logs").rglob("*.log"):
         shutil.copy(f, logs / f"{name}_{f.parent.name}_{f.name}")
@@ -403,7 +406,10 @@ def main() -> None:
     )
     ap.add_argument("--only", choices=["both", "rlfleet", "trl"], default="both")
     ap.add_argument("--variants", default="rlfleet=", help='"NAME=ARGS;NAME=ARGS": one rlfleet run each')
-    ap.add_argument("--rlfleet-ref", help="also run every variant from a git worktree of this ref")
+    ap.add_argument(
+        "--rlfleet-ref",
+        help="also run every variant from a git worktree of this ref, or from this checkout directory",
+    )
     ap.add_argument("--repeat-per", choices=["completion", "max_tokens"], default="completion")
     ap.add_argument("--eos-rate", type=float, default=None, help="per-token EOS at init (0: leave it)")
     ap.add_argument(

@@ -42,6 +42,7 @@ from long_tail import (
     run_config,
     run_variant,
     runs,
+    save_partial,
     write_doc,
     write_job,
 )
@@ -142,7 +143,10 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default=None, help="default: tiny on cpu, 05b on cuda")
     ap.add_argument("--steps", type=int, default=None, help="default: 4 cpu, 10 cuda")
     ap.add_argument("--variants", default="rlfleet=", help='"NAME=ARGS;NAME=ARGS": one rlfleet run each')
-    ap.add_argument("--rlfleet-ref", help="also run every variant from a git worktree of this ref")
+    ap.add_argument(
+        "--rlfleet-ref",
+        help="also run every variant from a git worktree of this ref, or from this checkout directory",
+    )
     ap.add_argument("--eos-rate", type=float, default=None, help="per-token EOS at init (0: leave it)")
     ap.add_argument("--logs", help="keep every command's output in this directory")
     ap.add_argument("--out", required=True)
@@ -179,6 +183,7 @@ def main() -> None:
                 "checkout": str(root),
             }
             results[name] = res
+            save_partial(a.out, env, results)
             print(name, {k: res.get(k) for k in COLS}, flush=True)
     results["trl"] = {"ran": False, "why": TRL_WHY}
     config = run_config(a, shape, job_dict, overrides, d["steps"]) | {

@@ -72,8 +72,10 @@ def tiny_config(
     kv_heads: int | None = None,
     dtype: str = "float32",
     arch: str = "llama",
+    experts: int = 4,
 ) -> PretrainedConfig:
-    """The config; `intermediate` defaults to 2 x hidden, `kv_heads` to `heads` (no GQA).
+    """The config; `intermediate` defaults to 2 x hidden, `kv_heads` to `heads` (no GQA), and
+    qwen3_moe's `experts` (top-2 routed) to 4.
 
     Larger shapes come from the same call, e.g. Qwen2-0.5B's body: hidden 896, intermediate 4864,
     24 layers, 14 heads, 2 KV heads (head_dim 64); `dtype` is what the weights are saved in.
@@ -113,9 +115,9 @@ def tiny_config(
             "layer_types": layer_types,
             "tie_word_embeddings": True,
         }
-    elif arch == "qwen3_moe":  # every layer sparse: 4 experts, top-2 (Qwen3-30B-A3B: 128, top-8)
+    elif arch == "qwen3_moe":  # every layer sparse, top-2 (Qwen3-30B-A3B: 128 experts, top-8)
         extra |= {
-            "num_experts": 4,
+            "num_experts": experts,
             "num_experts_per_tok": 2,
             "moe_intermediate_size": intermediate if intermediate is not None else hidden,
             "norm_topk_prob": True,
