@@ -312,3 +312,24 @@ def test_a_samples_length_is_its_longest_model_turn_and_a_truncated_conversation
     assert sampled_len(r) == 9 and not cut(r)
     assert cut(r | {"truncated": True})
     assert cut(r | {"turns": [{"start": 3, "end": 19, "finish_reason": "length"}]})
+
+
+@THREADED
+def test_a_dead_sampling_thread_fails_one_take_and_the_retry_samples_again(tmp_path, monkeypatch):
+    """What the rollout task's retry relies on: the error that killed the sampling thread is
+    raised once, and the next take() has a new thread sample the step."""
+    from rlfleet.orchestrator import stream as module
+
+    fake = FakeSampling(monkeypatch, varied)
+    failures = [ImportError("cannot import name 'AutoTokenizer'")]
+
+    def load_tokenizer(path: str) -> None:  # the thread's first act
+        if failures:
+            raise failures.pop()
+
+    monkeypatch.setattr(module, "load_tokenizer", load_tokenizer)
+    with running(RunStore(tmp_path), fake, batch_size=2, group_size=2) as s:
+        with pytest.raises(ImportError, match="AutoTokenizer"):
+            s.take(0)
+        manifest = s.take(0)
+    assert len(manifest["group_uids"]) == 2 and manifest["stream"]["finished"] == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,8 +19,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("rlfleet.orchestrator")
 
 
-@lru_cache(maxsize=4)
+_TOKENIZER_LOCK = threading.Lock()
+
+
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """One load per path, one thread at a time: the flow warms it in a thread while vLLM starts,
+    and transformers' lazy imports are not thread-safe (a second thread importing it meanwhile got
+    `cannot import name 'AutoTokenizer'`)."""
+    with _TOKENIZER_LOCK:
+        return _load_tokenizer(path)
+
+
+@lru_cache(maxsize=4)
+def _load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer  # ~6 s of imports: not on the flow's start-up path
 
     return AutoTokenizer.from_pretrained(path)

@@ -135,6 +135,20 @@ class RolloutStream:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
+    def _revive(self) -> None:
+        """After the sampling thread died (its groups in flight were cancelled), a new one; the
+        finished groups stay in the buffer. A thread that only reported a failed group goes on."""
+        if self._thread is None or self._stop.is_set():
+            return
+        self._thread.join(timeout=5)  # it is past its last use of the lock
+        if self._thread.is_alive():
+            return
+        log.warning("rollout stream: its sampling thread died; starting it again")
+        self._in_flight = dict.fromkeys(self.counts_per_env, 0)
+        self._failing = 0
+        self._loop = self._wake = None
+        self.start()
+
     def notify(self) -> None:
         """The served version (or the demand) changed: start what is now needed."""
         if self._loop is not None and self._wake is not None:
@@ -150,8 +164,10 @@ class RolloutStream:
                 chosen = self._choose(step, k)
                 if chosen is not None:
                     break
-                if self.error is not None:
-                    raise self.error
+                if self.error is not None:  # raised once: the rollout's retry samples again
+                    error, self.error = self.error, None
+                    self._revive()
+                    raise error
                 if self._stop.is_set():
                     raise TransientError("the rollout stream was stopped")
                 self._cond.wait(timeout=1.0)
