@@ -84,6 +84,14 @@ def ratio(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return r
 
 
+def measured(
+    model_dir: str, a: argparse.Namespace, mbs: int, levers: dict[str, Any], fallback: bool
+) -> dict[str, Any]:
+    """One full/LoRA pair at micro-batch size `mbs`, with its ratio."""
+    rows = pair(model_dir, a.seq, mbs, a.micro_batches, a.warmup, a.steps, levers)
+    return {"micro_batch_size": mbs, "levers": levers, "fallback": fallback, **rows, "ratio": ratio(rows)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="1.5b", choices=sorted(trainer_mfu.SHAPES))
@@ -117,26 +125,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(write_config(Path(tmp) / a.shape, a.shape))
         for mbs in [int(x) for x in a.micro_batch_sizes.split(",")]:
-            rows = pair(model_dir, a.seq, mbs, a.micro_batches, a.warmup, a.steps, levers)
-            entry = {
-                "micro_batch_size": mbs,
-                "levers": levers,
-                "fallback": False,
-                **rows,
-                "ratio": ratio(rows),
-            }
+            entry = measured(model_dir, a, mbs, levers, fallback=False)
             if "error" in entry["ratio"] and without_compile(levers) != levers:
                 results["pairs"].append(entry)  # the failed pair stays in the JSON
                 write(a.out, results)
-                eager = without_compile(levers)
-                rows = pair(model_dir, a.seq, mbs, a.micro_batches, a.warmup, a.steps, eager)
-                entry = {
-                    "micro_batch_size": mbs,
-                    "levers": eager,
-                    "fallback": True,
-                    **rows,
-                    "ratio": ratio(rows),
-                }
+                entry = measured(model_dir, a, mbs, without_compile(levers), fallback=True)
             results["pairs"].append(entry)
             write(a.out, results)  # after every pair: a later failure keeps what was measured
     body = []
