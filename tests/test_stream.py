@@ -333,3 +333,38 @@ def test_a_dead_sampling_thread_fails_one_take_and_the_retry_samples_again(tmp_p
             s.take(0)
         manifest = s.take(0)
     assert len(manifest["group_uids"]) == 2 and manifest["stream"]["finished"] == 2
+
+
+@THREADED
+def test_a_group_in_flight_that_no_step_left_can_take_is_aborted(tmp_path, monkeypatch):
+    """k = 1: a group started on the initial weights (-1) can train steps 0 and 1, or step 2
+    if a load came before its first token; once step 2 is taken, it is cancelled, not sampled on."""
+    import threading
+
+    from rlfleet.orchestrator import stream as module
+
+    fake = FakeSampling(monkeypatch, varied)
+    group, calls, aborted = fake.rollout_group, [], threading.Event()
+
+    async def rollout_group(*args: Any) -> list:
+        calls.append(args[1].uid)
+        if len(calls) == 1:  # the first group never finishes on its own
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                aborted.set()
+                raise
+        return await group(*args)
+
+    monkeypatch.setattr(module, "rollout_group", rollout_group)
+    with running(RunStore(tmp_path), fake, batch_size=1, group_size=2, max_async_level=1) as s:
+        s.take(0)
+        fake.version = 0  # weights 0 served: the group for step 2 starts
+        s.notify()
+        s.take(1)
+        assert not aborted.is_set()  # it could still train step 2
+        fake.version = 1
+        s.notify()
+        s.take(2)
+        assert aborted.wait(10)
+    assert s.counts.aborted_stale == 1 and s.counts.dropped_stale == 0

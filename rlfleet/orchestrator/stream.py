@@ -12,7 +12,7 @@ A finished group is written to `buffer/groups/<uid>.json` before it is taken, so
 restarts loses no group still within bound. `take(N)` waits for each env's share of
 `batch_size` groups with `N-1-k <= oldest token's version` and `newest <= N-1`, publishes them as
 `rollouts/step_N` and removes them from the buffer; groups that can no longer train any step are
-dropped and counted.
+dropped and counted, and those still in flight are cancelled (`aborted_stale`).
 
 Batch shaping (`orchestrator.shaping`, rules in orchestrator/shaping.py) happens where a group
 finishes. With dynamic sampling a group whose rewards all equal is held aside instead of entering
@@ -74,6 +74,7 @@ class Counts:
     started: int = 0
     finished: int = 0
     dropped_stale: int = 0
+    aborted_stale: int = 0  # cancelled in flight once no step left could take them
     failed: int = 0
     generated_tokens: int = 0
     resent_samples: int = 0
@@ -305,15 +306,16 @@ class RolloutStream:
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
         tok = await asyncio.to_thread(load_tokenizer, self.model_path)
         sampler = Sampler(self.replicas, self.cfg.temperature, self.cfg.stall_timeout_s)
-        tasks: set[asyncio.Task] = set()
+        tasks: dict[asyncio.Task, int] = {}  # groups in flight: the weights each started on
         try:
             while not self._stop.is_set():
+                self._abort_hopeless(tasks)
                 for name, refill in self._wanted():
                     env, example, uid = await self._next(name)
                     served = self.served()
                     task = asyncio.create_task(self._group(env, example, uid, served, tok, sampler))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+                    tasks[task] = served
+                    task.add_done_callback(tasks.pop)
                     with self._cond:
                         self._in_flight[env.name] += 1
                         self._since_take["refilled"] += refill
@@ -327,6 +329,23 @@ class RolloutStream:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await sampler.aclose()
+
+    def _abort_hopeless(self, tasks: dict[asyncio.Task, int]) -> None:
+        """Cancel the groups in flight that no step left can take, so that the replicas sample
+        groups that can train. A group's first tokens come from the weights it started on, or
+        the next ones if a load came first; take() drops a group older than N-1-k."""
+        oldest_usable = self.taken - 1 - self.cfg.max_async_level
+        hopeless = [t for t, served in tasks.items() if served + 1 < oldest_usable and not t.cancelling()]
+        for task in hopeless:
+            task.cancel()
+        if hopeless:
+            with self._cond:
+                self.counts.aborted_stale += len(hopeless)
+            log.info(
+                "rollout stream: aborted %d groups in flight, too stale for step %d",
+                len(hopeless),
+                self.taken,
+            )
 
     async def _next(self, env: str | None) -> tuple[Any, Any, str]:
         """The first queued prompt (of `env`, if named), drawing chunks until there is one; a
@@ -351,6 +370,10 @@ class RolloutStream:
     async def _group(self, env: Any, example: Any, uid: str, served: int, tok: Any, sampler: Sampler) -> None:
         try:
             trajs = await rollout_group(env, example, self.params, tok, sampler)
+        except asyncio.CancelledError:  # aborted as too stale, or the stream stops
+            with self._cond:
+                self._in_flight[env.name] -= 1
+            raise
         except Exception as exc:
             with self._cond:
                 self._in_flight[env.name] -= 1
