@@ -387,12 +387,26 @@ def job_toml(a: argparse.Namespace, d: dict[str, Any], model: Path, path: Path) 
     return write_job(a, d, model, [{"type": "repeat", "args": args}], path)
 
 
+def job_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """What both jobs (this one and slow_tools.py) take: where, which variants and refs, the
+    model's EOS rate, where the output goes."""
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default=None, help="default: tiny on cpu, 05b on cuda")
+    ap.add_argument("--variants", default="rlfleet=", help='"NAME=ARGS;NAME=ARGS": one rlfleet run each')
+    ap.add_argument(
+        "--rlfleet-ref",
+        help="also run every variant from a git worktree of this ref, or from this checkout directory",
+    )
+    ap.add_argument("--eos-rate", type=float, default=None, help="per-token EOS at init (0: leave it)")
+    ap.add_argument("--logs", help="keep every command's output in this directory")
+    ap.add_argument("--out", required=True)
+    return ap
+
+
 def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--_tune-eos":
         return print(json.dumps(tune_eos(Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))))
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--shape", choices=sorted(SHAPES), default=None, help="default: tiny on cpu, 05b on cuda")
+    ap = job_arguments(argparse.ArgumentParser())
     ap.add_argument("--steps", type=int, default=None, help="rlfleet's steps (default: 4 cpu, 10 cuda)")
     ap.add_argument("--trl-steps", type=int, default=None, help="TRL's steps (default: 2 cpu, 5 cuda)")
     ap.add_argument("--trl-vllm", action="store_true", help="TRL samples with colocated vLLM (GPU only)")
@@ -405,13 +419,7 @@ def main() -> None:
         help="TRL with gradient checkpointing (what its OOM asks for)",
     )
     ap.add_argument("--only", choices=["both", "rlfleet", "trl"], default="both")
-    ap.add_argument("--variants", default="rlfleet=", help='"NAME=ARGS;NAME=ARGS": one rlfleet run each')
-    ap.add_argument(
-        "--rlfleet-ref",
-        help="also run every variant from a git worktree of this ref, or from this checkout directory",
-    )
     ap.add_argument("--repeat-per", choices=["completion", "max_tokens"], default="completion")
-    ap.add_argument("--eos-rate", type=float, default=None, help="per-token EOS at init (0: leave it)")
     ap.add_argument(
         "--peak-tokens", type=int, default=None, help="tokens per peak request (128 cpu, 512 cuda)"
     )
@@ -421,8 +429,6 @@ def main() -> None:
         default="as_sent",
         help=f"comma-separated, of {sorted(PEAK_VARIANTS)}: how the peak's requests are sent (as_sent: also at 2C)",
     )
-    ap.add_argument("--logs", help="keep every command's output in this directory")
-    ap.add_argument("--out", required=True)
     a, overrides = ap.parse_known_args()
     # `timeout` sends SIGTERM: unwind, so a cut run's finished steps reach the .partial.json
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))

@@ -36,6 +36,7 @@ from statistics import fmean
 from typing import Any
 
 from long_tail import (
+    job_arguments,
     parse_variants,
     prepare_model,
     rollout_records,
@@ -138,18 +139,8 @@ def env_stats(out: Path, steps: int, log: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--shape", choices=sorted(SHAPES), default=None, help="default: tiny on cpu, 05b on cuda")
+    ap = job_arguments(argparse.ArgumentParser())
     ap.add_argument("--steps", type=int, default=None, help="default: 4 cpu, 10 cuda")
-    ap.add_argument("--variants", default="rlfleet=", help='"NAME=ARGS;NAME=ARGS": one rlfleet run each')
-    ap.add_argument(
-        "--rlfleet-ref",
-        help="also run every variant from a git worktree of this ref, or from this checkout directory",
-    )
-    ap.add_argument("--eos-rate", type=float, default=None, help="per-token EOS at init (0: leave it)")
-    ap.add_argument("--logs", help="keep every command's output in this directory")
-    ap.add_argument("--out", required=True)
     a, overrides = ap.parse_known_args()
     a.shape = a.shape or ("05b" if a.device == "cuda" else "tiny")
     d = DEFAULTS[a.device] | ({"steps": a.steps} if a.steps else {})
