@@ -52,8 +52,8 @@ def test_batch_records_staleness_and_refuses_beyond_k(tmp_path):
     store = RunStore(tmp_path / "run")
     publish_rollout(store, 4, {0: _records([3, 3, 2, 2])}, {"policy_step": 2})
     with pytest.raises(DeterministicError, match="staleness 0..1 outside 0..0"):
-        build_batches(store, 4, 8, 0, max_async_level=0)
-    manifest = build_batches(store, 4, 8, 0, max_async_level=1)
+        build_batches(store, 4, 8, 0, max_staleness=0)
+    manifest = build_batches(store, 4, 8, 0, max_staleness=1)
     assert manifest["policy_steps"] == [2, 3] and manifest["max_staleness"] == 1
 
 

@@ -49,8 +49,10 @@ def buffer(store: RunStore, uid: str, versions: list[tuple[int, int]], finished_
     return g
 
 
-def stream(store: RunStore, next_step: int, k: int, batch_size: int = 1) -> RolloutStream:
-    cfg = OrchestratorConfig(batch_size=batch_size, group_size=2, max_async_level=k)
+def stream(
+    store: RunStore, next_step: int, k: int, batch_size: int = 1, m: int | None = None
+) -> RolloutStream:
+    cfg = OrchestratorConfig(batch_size=batch_size, group_size=2, max_async_level=k, max_off_policy_steps=m)
     return RolloutStream(cfg, store, "unused", None, lambda: next_step - 1, 0, 64, next_step)
 
 
@@ -71,6 +73,27 @@ def buffered(store: RunStore) -> set[str]:
 def test_a_group_fits_a_step_only_if_every_token_is_within_k(oldest, newest, step, k, fits):
     g = Group("u", "repeat", [record(oldest), record(oldest, newest)])
     assert g.fits(step, k) is fits
+
+
+@pytest.mark.parametrize(("m", "taken"), [(None, False), (1, False), (2, True)])
+def test_max_off_policy_steps_keeps_a_group_that_spanned_more_loads_than_k(tmp_path, m, taken):
+    """k = 1: a long sample that began on weights 0 and finished on 2 spans two loads. Step 3
+    takes it only if m >= 2; at m = k (unset) it is dropped as too stale and the fresh one trains."""
+    store = RunStore(tmp_path)
+    buffer(store, "long", [(0, 2), (2, 2)], 1.0)
+    buffer(store, "fresh", [(2, 2), (2, 2)], 2.0)
+    s = stream(store, next_step=3, k=1, m=m)
+    manifest = s.take(3)
+    assert manifest["group_uids"] == (["long"] if taken else ["fresh"])
+    assert s.counts.dropped_stale == (0 if taken else 1)
+    assert manifest["policy_step"] == (0 if taken else 2)
+
+
+def test_max_off_policy_steps_below_k_is_refused():
+    with pytest.raises(ValueError, match="max_off_policy_steps=0 is below max_async_level=1"):
+        OrchestratorConfig(max_async_level=1, max_off_policy_steps=0)
+    assert OrchestratorConfig(max_async_level=2).max_staleness == 2
+    assert OrchestratorConfig(max_async_level=1, max_off_policy_steps=4).max_staleness == 4
 
 
 def test_a_restarted_controller_keeps_the_buffered_groups_within_bound_and_takes_them_first(tmp_path):

@@ -35,7 +35,16 @@ class OrchestratorConfig(Strict):
         0,
         ge=0,
         description="Step N trains on groups whose every token was sampled by weights N-1-k .. N-1 (k=0: "
-        "on-policy); with k >= 1 the replicas keep sampling while the trainer steps and weights load in flight.",
+        "on-policy; max_off_policy_steps widens the oldest bound); with k >= 1 the replicas keep sampling "
+        "while the trainer steps and weights load in flight.",
+    )
+    max_off_policy_steps: int | None = Field(
+        None,
+        ge=0,
+        description="Step N trains on a group whose oldest token came from weights N-1-m or newer; "
+        "unset = max_async_level. Raising m above k keeps the samples that span more weight loads than k "
+        "(the long ones, which the bound otherwise drops first) while k still bounds how far sampling runs "
+        "ahead (prime-rl's max_off_policy_steps).",
     )
     stall_timeout_s: float = Field(
         600.0,
@@ -45,8 +54,18 @@ class OrchestratorConfig(Strict):
     )
     shaping: ShapingConfig = Field(default_factory=ShapingConfig, description="Batch shaping (DAPO).")
 
+    @property
+    def max_staleness(self) -> int:
+        """The oldest weights a step may train on, in versions behind its own (N-1)."""
+        return self.max_async_level if self.max_off_policy_steps is None else self.max_off_policy_steps
+
     @model_validator(mode="after")
     def _shares_and_shaping(self) -> OrchestratorConfig:
+        if self.max_staleness < self.max_async_level:
+            raise ValueError(
+                f"max_off_policy_steps={self.max_off_policy_steps} is below max_async_level="
+                f"{self.max_async_level}: groups started k steps ahead could never train; raise it or unset it"
+            )
         self.shaping.check(self.max_tokens)
         empty = [env_name(e) for e, c in zip(self.env, self.env_counts(), strict=True) if c == 0]
         if empty:

@@ -40,7 +40,7 @@ def build_batches(
     cursor: dict[str, Any] | None = None,
     temperature: float = 1.0,
     seq_len: int = 0,
-    max_async_level: int | None = None,
+    max_staleness: int | None = None,
     advantage: AdvantageConfig | None = None,
     max_tokens: int = 0,
 ) -> dict[str, Any]:
@@ -48,16 +48,14 @@ def build_batches(
 
     seq_len > 0 packs the sequences into rows of that many tokens. Every record carries
     the weight version that sampled it; the batch records the step's staleness range and refuses
-    (a bug upstream, never retried) samples older than `max_async_level`. `advantage` picks the
+    (a bug upstream, never retried) samples older than `max_staleness`. `advantage` picks the
     estimator (default GRPO's); `max_tokens`, recorded, is the `constant` loss normaliser's budget.
     """
     records = with_advantages(read_rollout(store, step), advantage)
     stale = [staleness(step, r["policy_step"]) for r in records]
-    if max_async_level is not None and not all(
-        usable(step, r["policy_step"], max_async_level) for r in records
-    ):
+    if max_staleness is not None and not all(usable(step, r["policy_step"], max_staleness) for r in records):
         raise DeterministicError(
-            f"rollouts/step_{step}: staleness {min(stale)}..{max(stale)} outside 0..{max_async_level}"
+            f"rollouts/step_{step}: staleness {min(stale)}..{max(stale)} outside 0..{max_staleness}"
         )
     stage = store.staging_dir(step_dir("batches", step))
     from rlfleet.batches import micro_batches, write_micro_batches  # torch: after the flow has started

@@ -42,12 +42,13 @@ def staleness(step: int, policy_step: int) -> int:
     return step - 1 - policy_step
 
 
-def usable(step: int, policy_step: int, max_async_level: int) -> bool:
-    """A rollout sampled by `policy_step` may train step N iff 0 <= staleness <= k.
+def usable(step: int, policy_step: int, max_staleness: int) -> bool:
+    """A rollout sampled by `policy_step` may train step N iff 0 <= staleness <= m
+    (`OrchestratorConfig.max_staleness`).
 
-    k = 0 is on-policy (weights N-1 only); negative staleness (weights from the future, left by
+    m = 0 is on-policy (weights N-1 only); negative staleness (weights from the future, left by
     a run that went further) is never usable."""
-    return 0 <= staleness(step, policy_step) <= max_async_level
+    return 0 <= staleness(step, policy_step) <= max_staleness
 
 
 def trajectory_record(t: Trajectory, group: int, env: str, started: int) -> dict[str, Any]:

@@ -10,7 +10,8 @@ trainer steps and while weights change (the pool loads them with requests paused
 
 A finished group is written to `buffer/groups/<uid>.json` before it is taken, so a controller that
 restarts loses no group still within bound. `take(N)` waits for each env's share of
-`batch_size` groups with `N-1-k <= oldest token's version` and `newest <= N-1`, publishes them as
+`batch_size` groups with `N-1-m <= oldest token's version` and `newest <= N-1` (m is
+`max_staleness`: `max_off_policy_steps`, or k when unset), publishes them as
 `rollouts/step_N` and removes them from the buffer; groups that can no longer train any step are
 dropped and counted, and those still in flight are cancelled (`aborted_stale`).
 
@@ -63,8 +64,8 @@ class Group:
     def newest(self) -> int:
         return max(r["policy_step_max"] for r in self.records)
 
-    def fits(self, step: int, k: int) -> bool:
-        return step - 1 - k <= self.oldest and self.newest <= step - 1
+    def fits(self, step: int, m: int) -> bool:
+        return step - 1 - m <= self.oldest and self.newest <= step - 1
 
 
 @dataclass
@@ -157,12 +158,11 @@ class RolloutStream:
 
     def take(self, step: int) -> dict[str, Any]:
         """Block until step N's groups are finished, publish them as `rollouts/step_N`; its manifest."""
-        k = self.cfg.max_async_level
         t0 = time.perf_counter()
         with self._cond:
             while True:
                 self._drop_stale(step)
-                chosen = self._choose(step, k)
+                chosen = self._choose(step, self.cfg.max_staleness)
                 if chosen is not None:
                     break
                 if self.error is not None:  # raised once: the rollout's retry samples again
@@ -213,12 +213,12 @@ class RolloutStream:
             self.store.remove(f"{GROUPS}/{g.uid}.json")
         return manifest
 
-    def _choose(self, step: int, k: int) -> list[Group] | None:
+    def _choose(self, step: int, m: int) -> list[Group] | None:
         chosen: list[Group] = []
         for env, count in self.counts_per_env.items():
-            mine = [g for g in self._ready if g.env == env and g.fits(step, k)][:count]
+            mine = [g for g in self._ready if g.env == env and g.fits(step, m)][:count]
             if len(mine) < count and self._refills_spent() and not self._in_flight[env]:
-                mine += [g for g in self._held if g.env == env and g.fits(step, k)][: count - len(mine)]
+                mine += [g for g in self._held if g.env == env and g.fits(step, m)][: count - len(mine)]
             if len(mine) < count:
                 return None
             chosen += mine
@@ -230,13 +230,13 @@ class RolloutStream:
     def _drop_stale(self, step: int, held_only: bool = False) -> None:
         """Groups too old for `step` are too old for every later step (held ones were counted
         when they were held)."""
-        k = self.cfg.max_async_level
-        for g in [g for g in self._held if g.oldest < step - 1 - k]:
+        m = self.cfg.max_staleness
+        for g in [g for g in self._held if g.oldest < step - 1 - m]:
             self._held.remove(g)
             self.store.remove(f"{GROUPS}/{g.uid}.json")
         if held_only:
             return
-        stale = [g for g in self._ready if g.oldest < step - 1 - k]
+        stale = [g for g in self._ready if g.oldest < step - 1 - m]
         for g in stale:
             self._ready.remove(g)
             self.store.remove(f"{GROUPS}/{g.uid}.json")
@@ -333,8 +333,8 @@ class RolloutStream:
     def _abort_hopeless(self, tasks: dict[asyncio.Task, int]) -> None:
         """Cancel the groups in flight that no step left can take, so that the replicas sample
         groups that can train. A group's first tokens come from the weights it started on, or
-        the next ones if a load came first; take() drops a group older than N-1-k."""
-        oldest_usable = self.taken - 1 - self.cfg.max_async_level
+        the next ones if a load came first; take() drops a group older than N-1-m."""
+        oldest_usable = self.taken - 1 - self.cfg.max_staleness
         hopeless = [t for t, served in tasks.items() if served + 1 < oldest_usable and not t.cancelling()]
         for task in hopeless:
             task.cancel()

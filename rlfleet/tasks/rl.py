@@ -101,12 +101,12 @@ def launch_inference_pool(cfg: RLConfig, resume_from: int, run: RunHandles) -> d
 def rollout(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
     """Take step N's groups from the rollout stream (published as `rollouts/step_N`) and publish
     its batches (`batches` in the result). A published rollout is reused while its weights are
-    within `max_async_level` of N-1, else taken again (and its stale batches dropped)."""
+    within `max_staleness` of N-1, else taken again (and its stale batches dropped)."""
     store = _store(cfg)
     existing = store.manifest(step_dir("rollouts", step))
     pool = run.pool
     if existing is not None:
-        if usable(step, existing["policy_step"], cfg.orchestrator.max_async_level):
+        if usable(step, existing["policy_step"], cfg.orchestrator.max_staleness):
             pool.sleep()  # inference.sleep: the trainer gets the GPU until the next broadcast
             return brief(existing) | {"batches": aggregate(cfg, step)}
         store.remove(step_dir("batches", step))
@@ -151,7 +151,7 @@ def aggregate(cfg: RLConfig, step: int) -> dict[str, Any]:
             cursor={"next_step": step + 1, "seed": cfg.seed},
             temperature=cfg.orchestrator.temperature,
             seq_len=cfg.orchestrator.seq_len,
-            max_async_level=cfg.orchestrator.max_async_level,
+            max_staleness=cfg.orchestrator.max_staleness,
             advantage=cfg.advantage,
             max_tokens=cfg.orchestrator.max_tokens,
         )
