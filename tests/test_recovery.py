@@ -166,6 +166,43 @@ def test_torchrun_ranks_fail_fast_on_the_deterministic_error_they_recorded(tmp_p
         launch.run_torchrun(["sft"], ["0", "1"], str(tmp_path), "sft")
 
 
+def test_a_relaunched_trainer_fails_fast_on_the_same_oom_at_the_same_step(tmp_path, monkeypatch):
+    """The RL trainer runs under rlfleet.guard, so its pid is not the launcher's child's: the error
+    file counts when this launch wrote it. The first OOM is retried (a relaunch); the same OOM at
+    the same step after the relaunch is a DeterministicError, not a third launch."""
+    import sys
+
+    from rlfleet.config.models import ModelConfig, TrainerJobConfig
+    from rlfleet.trainer import launch
+
+    store = RunStore(tmp_path)
+    record_trainer_error(store, 1, ValueError("an earlier run's"))  # left in the store, not this launch's
+    oom = (
+        "import sys, torch; from rlfleet.store import RunStore; from rlfleet.trainer.loop import "
+        f"record_trainer_error as r; r(RunStore({str(tmp_path)!r}), 3, torch.OutOfMemoryError('CUDA out of memory'));"
+        " sys.exit(1)"
+    )
+    children = iter(["import sys; sys.exit(1)", oom, oom])
+    monkeypatch.setattr(
+        launch, "python_module_cmd", lambda module, args: [sys.executable, "-c", next(children)]
+    )
+    trainer = launch.TrainerProcess(
+        TrainerJobConfig(model=ModelConfig(path="m"), output_dir=str(tmp_path)), tmp_path / "t.toml"
+    )
+
+    def launch_and_fail() -> Exception | None:
+        trainer.ensure()
+        trainer.process.proc.wait()
+        return trainer.failure(store, 3)
+
+    assert type(launch_and_fail()) is launch.TrainerDied  # exited, recorded nothing new
+    assert type(launch_and_fail()) is launch.TrainerDied  # the first OOM: a relaunch may fit
+    error = launch_and_fail()
+    assert isinstance(error, DeterministicError)
+    assert str(error).startswith("OutOfMemoryError at step 3: CUDA out of memory")
+    trainer.stop()
+
+
 def test_prefect_retries_transient_failures_only(prefect_api):
     from prefect import flow, task
 

@@ -80,6 +80,7 @@ class TrainerProcess:
         self.config_path = config_path
         self.process: ManagedProcess | None = None
         self.launches = 0
+        self.error_before: dict[str, Any] | None = None  # the error file as this launch found it
 
     def ensure(self) -> int | None:
         """Start the trainer if it is not running; a fresh one resumes from the latest checkpoint.
@@ -90,6 +91,7 @@ class TrainerProcess:
         out = local_dir(self.cfg.output_dir)  # logs and pidfiles stay on this machine
         env = {"CUDA_VISIBLE_DEVICES": ",".join(self.cfg.gpu_ids)} if self.cfg.gpu_ids else {}
         self.launches += 1
+        self.error_before = read_trainer_error(run_store(self.cfg.output_dir))
         args = ["trainer", "@", str(self.config_path)]
         n = len(self.cfg.gpu_ids)
         logs = out / "logs" / "trainer"
@@ -124,9 +126,10 @@ class TrainerProcess:
         p = self.process
         if p is None or p.alive():
             return None
+        # this launch's error, not one a relaunch inherits (its pid is the trainer's, under the guard)
         error = read_trainer_error(store)
         msg = f"trainer exited with code {p.returncode()}; log tail:\n{p.log_tail()}"
-        return death_error(error if error is not None and error.get("pid") == p.pid else None, msg)
+        return death_error(error if error != self.error_before else None, msg)
 
     def stop(self) -> None:
         if self.process is not None:
