@@ -51,7 +51,9 @@ def test_inference_cli_serves_and_stops_its_process_tree(tiny_model, tmp_path):
         assert [m["id"] for m in models["data"]] == ["policy"]
         body = generate_body([5, 6, 7], n=8, max_tokens=8)
         resp = httpx.post(f"http://127.0.0.1:{port}/{GENERATE}", json=body, timeout=120).json()
-        assert [len(c["token_ids"]) for c in resp["choices"]] == [8] * 8
+        assert len(resp["choices"]) == 8  # a random model may sample EOS early: then it stopped
+        assert all(len(c["token_ids"]) == 8 or c["finish_reason"] == "stop" for c in resp["choices"])
+        assert all(1 <= len(c["token_ids"]) <= 8 for c in resp["choices"])
         assert not [p.name for p in inductor.rglob("*") if p.is_file()], "the replica compiled kernels"
         tree = psutil.Process(proc.pid).children(recursive=True)
         assert len(tree) >= 2, "expected the vLLM API server and its engine core"
