@@ -61,6 +61,7 @@ def main(out: str, model_dirs: list[str]) -> None:
             got = step(d, par)
             if par.is_main:
                 torch.save(got, Path(out) / f"{Path(d).name}.pt")
+        par.barrier()  # as the trainer's loop does: neither rank tears gloo down under the other
     finally:
         teardown(par)
 
