@@ -250,7 +250,8 @@ def test_vllm_started_early_stops_what_no_flow_adopted(base, tmp_path):
     it and frees the run's lock."""
     from rlfleet.config.models import RLConfig
     from rlfleet.runs.configs import resolve
-    from rlfleet.runs.handles import _EARLY, RunHandles, started_early, vllm_started_early
+    from rlfleet.runs.handles import _EARLY, _EARLY_TRAINER, RunHandles, started_early, vllm_started_early
+    from rlfleet.store import RunStore
     from tests.conftest import free_port
 
     cfg = load(RLConfig, [*base, "--inference.port", str(free_port())])
@@ -258,8 +259,17 @@ def test_vllm_started_early_stops_what_no_flow_adopted(base, tmp_path):
         (replica,) = _EARLY[cfg.output_dir].replicas
         assert replica.process.alive()
         assert (tmp_path / "out/run/controller.pid").exists()
+        trainer = _EARLY_TRAINER[cfg.output_dir].process  # a fresh run's trainer starts with vLLM
+        assert trainer.alive() and (tmp_path / "out/configs/trainer.toml").is_file()
     assert not replica.process.alive() and not _EARLY
+    assert not trainer.alive() and not _EARLY_TRAINER
     assert not (tmp_path / "out/run/controller.pid").exists()
+
+    # a run with a step already: its flow discards the dead life's work first, so no early trainer
+    RunStore(tmp_path / "out").write_json("metrics/step_0.json", {})
+    with vllm_started_early(cfg):
+        assert cfg.output_dir in _EARLY and not _EARLY_TRAINER
+    (tmp_path / "out/metrics/step_0.json").unlink()
 
     with vllm_started_early(cfg):
         early = _EARLY[cfg.output_dir]
@@ -268,5 +278,8 @@ def test_vllm_started_early_stops_what_no_flow_adopted(base, tmp_path):
             resolve(cfg)
         assert started_early(cfg.output_dir) and resolve(cfg, ports=False)
         other = cfg.model_copy(update={"inference": cfg.inference.model_copy(update={"max_model_len": 64})})
-        assert RunHandles.for_run(other, [], []).pool is not early
+        handles = RunHandles.for_run(other, [], [])
+        assert handles.pool is not early
         assert early.closed and not early.replicas and not _EARLY
+        handles.stop_trainer()  # the early trainer, adopted or replaced by a not yet started one
+        assert not _EARLY_TRAINER

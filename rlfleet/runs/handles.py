@@ -5,25 +5,29 @@ the trainer or the rollout stream, and stops them in its `finally`. Nothing else
 second run in the same process (a test, a flow run retried from the UI) gets its own, and a task
 that runs after the close finds a shut pool that relaunches nothing.
 
-`rlfleet rl` starts a CPU run's vLLM replicas before Prefect's temporary server and the flow
-(`vllm_started_early`); the flow's `RunHandles` adopts them.
+`rlfleet rl` starts a CPU run's vLLM replicas, and a fresh run's trainer, before Prefect's
+temporary server and the flow (`vllm_started_early`); the flow's `RunHandles` adopts them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from rlfleet.config.models import RLConfig
 from rlfleet.inference.pool import InferencePool
 from rlfleet.orchestrator.stream import RolloutStream
-from rlfleet.runs.configs import resolve
+from rlfleet.runs.configs import resolve, write_configs
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
+from rlfleet.runs.resume import pristine
 from rlfleet.store import RunStore, run_store
 from rlfleet.trainer.launch import ExternalTrainer, TrainerProcess
 
 # output_dir -> the pool `vllm_started_early` started for that run, until its flow adopts it
 _EARLY: dict[str, InferencePool] = {}
+# output_dir -> the trainer it started with them (a fresh run's only), until the flow adopts it
+_EARLY_TRAINER: dict[str, TrainerProcess] = {}
 
 
 class RunHandles:
@@ -39,14 +43,18 @@ class RunHandles:
         """Starts nothing: the `launch_inference_pool` and `start_trainer` tasks do. On multi_node
         the trainer's ranks are the SLURM job's (started on its train nodes): waited on, never
         launched."""
-        config_path = run_store(cfg.output_dir).local_dir / "configs" / "trainer.toml"
+        config_path = trainer_config(run_store(cfg.output_dir))
         kind = ExternalTrainer if cfg.deployment.type == "multi_node" else TrainerProcess
-        job = cfg.inference_job(inference_gpus)
+        job, trainer_job = cfg.inference_job(inference_gpus), cfg.trainer_job(trainer_gpus)
         pool = _EARLY.pop(cfg.output_dir, None)
         if pool is not None and pool.cfg != job:  # started for another config: not this run's
             pool.shutdown()
             pool = None
-        return cls(pool or InferencePool(job), kind(cfg.trainer_job(trainer_gpus), config_path))
+        trainer = _EARLY_TRAINER.pop(cfg.output_dir, None)
+        if trainer is not None and trainer.cfg != trainer_job:
+            trainer.stop()
+            trainer = None
+        return cls(pool or InferencePool(job), trainer or kind(trainer_job, config_path))
 
     @property
     def served(self) -> int:
@@ -80,6 +88,11 @@ class RunHandles:
         self.trainer.stop()
 
 
+def trainer_config(store: RunStore) -> Path:
+    """The trainer's config as its process reads it (`write_configs` puts it there)."""
+    return store.local_dir / "configs" / "trainer.toml"
+
+
 def started_early(output_dir: str) -> bool:
     """Whether `vllm_started_early` holds replicas for the run in `output_dir`, not yet adopted."""
     return output_dir in _EARLY
@@ -91,9 +104,14 @@ def vllm_started_early(config: RLConfig) -> Iterator[None]:
     `with` to adopt, instead of after Prefect's temporary server and the flow have started (about
     20 s on 2 cores; vLLM's own start is the longest part of a run's first step).
 
+    A fresh run's trainer starts here too: its imports and model load took the cores from step
+    0's sampling when the flow started it. Only a fresh one: a resumed run's flow first removes the
+    dead life's work past its checkpoint (`discard_stale`), and an early trainer would already
+    train the kept batch and write the metrics that removes.
+
     A run on GPUs starts nothing here: the flow leases its GPUs first (workers/leases.py), and
-    another run may hold them. Replicas no flow adopted (it failed first, or resolved another
-    inference config) are stopped on the way out.
+    another run may hold them. What no flow adopted (it failed first, or resolved another config)
+    is stopped on the way out.
     """
     cfg, inf_gpus, train_gpus = resolve(config)
     if inf_gpus or train_gpus or cfg.inference.urls or cfg.deployment.type != "single_node":
@@ -103,9 +121,18 @@ def vllm_started_early(config: RLConfig) -> Iterator[None]:
     acquire_run_lock(store)  # a second controller would reap the first one's replicas
     pool = _EARLY[cfg.output_dir] = InferencePool(cfg.inference_job(inf_gpus))
     pool.start()
+    trainer = None
+    if pristine(store):
+        write_configs(cfg, inf_gpus, train_gpus)  # the trainer reads configs/trainer.toml
+        trainer = _EARLY_TRAINER[cfg.output_dir] = TrainerProcess(
+            cfg.trainer_job(train_gpus), trainer_config(store)
+        )
+        trainer.ensure()
     try:
         yield
     finally:
         if _EARLY.pop(cfg.output_dir, None) is pool:
             pool.shutdown()
+        if trainer is not None and _EARLY_TRAINER.pop(cfg.output_dir, None) is trainer:
+            trainer.stop()
         release_run_lock(store)

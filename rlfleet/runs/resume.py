@@ -32,3 +32,13 @@ def discard_stale(store: RunStore, start: int) -> list[str]:
                 store.fs.rm(store.path(f"{kind}/step_{s}.json"))
                 removed.append(f"{kind}/step_{s}.json")
     return removed
+
+
+def pristine(store: RunStore) -> bool:
+    """No work of any step yet (a fresh output_dir): nothing for `discard_stale` to remove, and no
+    batch a trainer started now could train before the flow runs."""
+    return (
+        latest_checkpoint(store) is None
+        and not any(store.complete_steps(kind) for kind in ("weights", "rollouts", "batches"))
+        and not any(store.json_steps(kind) for kind in ("metrics", "steps", "sync"))
+    )
