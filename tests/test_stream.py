@@ -391,3 +391,41 @@ def test_a_group_in_flight_that_no_step_left_can_take_is_aborted(tmp_path, monke
         s.take(2)
         assert aborted.wait(10)
     assert s.counts.aborted_stale == 1 and s.counts.dropped_stale == 0
+
+
+@THREADED
+def test_a_group_aborted_while_its_file_is_written_leaves_nothing_counted_in_flight(tmp_path, monkeypatch):
+    """The abort can land after sampling, while the group's file is written (a thread): the group
+    still leaves `_in_flight`, or the stream would count it as sampling forever."""
+    import threading
+
+    from rlfleet.orchestrator import stream as module
+
+    fake = FakeSampling(monkeypatch, varied)
+    aborted = threading.Event()
+    abort = module.RolloutStream._abort_hopeless
+
+    def watched(self: RolloutStream, tasks: dict) -> None:
+        abort(self, tasks)
+        if self.counts.aborted_stale:
+            aborted.set()
+
+    monkeypatch.setattr(module.RolloutStream, "_abort_hopeless", watched)
+
+    class SlowStore(RunStore):
+        def write_bytes(self, rel: str, data: bytes) -> None:
+            if rel.endswith("/0-repeat-0.json"):  # the first group's file: written once the stream stops
+                s._stop.wait()
+            super().write_bytes(rel, data)
+
+    with running(SlowStore(tmp_path), fake, batch_size=1, group_size=2, max_async_level=1) as s:
+        s.take(0)
+        fake.version = 0
+        s.notify()
+        s.take(1)
+        fake.version = 1
+        s.notify()
+        s.take(2)
+        assert aborted.wait(10)  # cancelled while its write still blocks
+    assert s.counts.aborted_stale == 1
+    assert sum(s._in_flight.values()) == 0  # every group in flight at the stop was cancelled

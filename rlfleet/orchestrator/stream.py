@@ -368,8 +368,15 @@ class RolloutStream:
         self._cursor += 1
 
     async def _group(self, env: Any, example: Any, uid: str, served: int, tok: Any, sampler: Sampler) -> None:
-        try:
+        try:  # the group's whole life: a cancel or a failure while its file is written counts too
             trajs = await rollout_group(env, example, self.params, tok, sampler)
+            group = Group(uid, env.name, [trajectory_record(t, 0, env.name, served) for t in trajs])
+            tokens = sum(sum(r["loss_mask"]) for r in group.records)  # before a mask shapes them
+            shape_overlong(group.records, self.shaping, self.cfg.max_tokens)
+            # off the loop (fsync), compact: a third of the stream thread's CPU went to dataclasses'
+            # deep copy and indented JSON for files read back only after a restart (py-spy, tiny job)
+            data = json.dumps(vars(group)).encode()
+            await asyncio.to_thread(self.store.write_bytes, f"{GROUPS}/{uid}.json", data)
         except asyncio.CancelledError:  # aborted as too stale, or the stream stops
             with self._cond:
                 self._in_flight[env.name] -= 1
@@ -385,13 +392,6 @@ class RolloutStream:
             log.warning("rollout stream: group %s failed: %s", uid, exc)
             self.notify()
             return
-        group = Group(uid, env.name, [trajectory_record(t, 0, env.name, served) for t in trajs])
-        tokens = sum(sum(r["loss_mask"]) for r in group.records)  # before a mask shapes them
-        shape_overlong(group.records, self.shaping, self.cfg.max_tokens)
-        # off the loop (fsync), compact: a third of the stream thread's CPU went to dataclasses'
-        # deep copy and indented JSON for files read back only after a restart (py-spy, tiny job)
-        data = json.dumps(vars(group)).encode()
-        await asyncio.to_thread(self.store.write_bytes, f"{GROUPS}/{uid}.json", data)
         admitted = self._admitted(group)
         with self._cond:
             self._in_flight[env.name] -= 1
