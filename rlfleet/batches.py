@@ -10,7 +10,8 @@ records -> micro-batches -> files. A record is a trajectory's token fields (`inp
   real_tokens [B]       how many leading positions of the row are tokens (the rest is padding)
 With seq_len > 0 sequences are packed instead: rows of exactly seq_len tokens holding several
 sequences, `position_ids [R, L]` restarting at each one (the loss tells sequences apart by them),
-and `advantages [R, L]` per token. `real_tokens` is what no other field says exactly (pad_id can be
+and `advantages [R, L]` per token. A GPU trainer regroups packed rows into micro-batches of its own
+token budget (`regroup_rows`, trainer/sizing.py): the files are a transport of rows. `real_tokens` is what no other field says exactly (pad_id can be
 a real token, e.g. EOS): the MoE router's load counts only those (trainer/router.py).
 
 Packing: position ids restart at 0 at every sequence start. transformers reads restarts as
@@ -140,6 +141,22 @@ def micro_batches(
     return [
         padded(ordered[i : i + micro_batch_size], pad_id) for i in range(0, len(ordered), micro_batch_size)
     ]
+
+
+def regroup_rows(micro: list[dict[str, torch.Tensor]], sizes: list[int]) -> list[dict[str, torch.Tensor]]:
+    """A step's packed micro-batches as new ones of `sizes` rows each, rows kept in order (a GPU
+    trainer's micro-batches by tokens, trainer/sizing.py `row_groups`). Every field of a packed
+    micro-batch is per row, so rows move whole and the step's loss and gradient stay the same."""
+    if sum(sizes) != sum(len(m["input_ids"]) for m in micro):
+        raise ValueError(
+            f"regroup_rows: {sum(sizes)} rows asked of {sum(len(m['input_ids']) for m in micro)}"
+        )
+    rows = {k: torch.cat([m[k] for m in micro]) for k in micro[0]}
+    out, at = [], 0
+    for n in sizes:
+        out.append({k: v[at : at + n] for k, v in rows.items()})
+        at += n
+    return out
 
 
 def write_micro_batches(stage: Path, micro: list[dict[str, torch.Tensor]]) -> None:

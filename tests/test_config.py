@@ -372,3 +372,78 @@ def test_a_cpu_replica_decodes_every_sample_in_flight_in_one_batch():
     assert seqs([], "--orchestrator.group-size", "2") == 128
     assert seqs([], "--inference.max-num-seqs", "64") == 64
     assert seqs(["0"]) is None
+
+
+# -- a GPU trainer's micro-batches by tokens (rlfleet/config/placement.py) ------------------------
+def _gpu_job(tmp_path, *args: str) -> RLConfig:
+    """One GPU shared by vLLM and the trainer, a model of Qwen2-0.5B's depth and width (config.json
+    only: placement reads no weights)."""
+    model = tmp_path / "m05b"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text('{"hidden_size": 896, "num_hidden_layers": 24}')
+    gpus = ["--deployment.num-inference-gpus", "1", "--deployment.num-train-gpus", "1"]
+    return load(RLConfig, ["--model.path", str(model), *gpus, *args])
+
+
+def _resolved(cfg: RLConfig, gpu_bytes: int | None = 80 << 30) -> RLConfig:
+    from rlfleet.config.placement import assign_gpus, gpu_defaults
+
+    inf, train = assign_gpus(cfg.deployment, visible=["0"])
+    return gpu_defaults(cfg, inf, train, gpu_bytes=gpu_bytes)
+
+
+def test_a_sequence_count_that_cannot_fit_a_gpu_trainer_is_refused_naming_the_field(tmp_path):
+    """`micro_batch_size 8` means 8 sequences (as in TRL): of up to max_model_len tokens each, it
+    cannot fit an 80 GiB GPU beside vLLM at a huge max_model_len; the message says what fits, and
+    that value is accepted."""
+    huge = ["--inference.max-model-len", "262144"]
+    with pytest.raises(ConfigError, match=r"orchestrator\.micro_batch_size: 8 sequences") as e:
+        _resolved(_gpu_job(tmp_path, "--orchestrator.micro-batch-size", "8", *huge))
+    fits = int(str(e.value).split("orchestrator.micro_batch_size <= ")[1].split(",")[0])
+    assert 1 <= fits < 8
+    cfg = _resolved(_gpu_job(tmp_path, "--orchestrator.micro-batch-size", str(fits), *huge))
+    assert cfg.trainer.micro_batch_tokens == fits * 262144
+
+
+def test_a_gpu_trainer_counts_tokens_and_a_cpu_trainer_sequences(tmp_path, monkeypatch):
+    """A GPU trainer with packed rows: a sequence count becomes micro_batch_size x max_model_len
+    tokens, trainer.micro_batch_tokens wins when set, unset leaves the trainer to size itself; a CPU
+    trainer keeps its 32 sequences and no token budget."""
+    from rlfleet.config.placement import gpu_defaults
+
+    mml = ["--inference.max-model-len", "4608", "--orchestrator.max-tokens", "4096"]
+    assert (
+        _resolved(_gpu_job(tmp_path, "--orchestrator.micro-batch-size", "8", *mml)).trainer.micro_batch_tokens
+        == 8 * 4608
+    )
+    assert _resolved(_gpu_job(tmp_path, *mml)).trainer.micro_batch_tokens is None
+    both = _gpu_job(
+        tmp_path, "--orchestrator.micro-batch-size", "8", "--trainer.micro-batch-tokens", "16384", *mml
+    )
+    assert _resolved(both).trainer.micro_batch_tokens == 16384
+    # GPU memory unknown (no nvidia-smi): converted, and the trainer's probe checks it at its first batch
+    monkeypatch.setattr("rlfleet.config.placement.gpu_memory", lambda gpu: None)
+    unknown = _gpu_job(
+        tmp_path, "--orchestrator.micro-batch-size", "8", "--inference.max-model-len", "262144"
+    )
+    assert _resolved(unknown, gpu_bytes=None).trainer.micro_batch_tokens == 8 * 262144
+    cpu = load(RLConfig, ["--model.path", "m", "--orchestrator.micro-batch-size", "8"])
+    resolved = gpu_defaults(cpu, [], [])
+    assert (resolved.orchestrator.micro_batch_size, resolved.trainer.micro_batch_tokens) == (8, None)
+
+
+def test_a_token_budget_or_a_row_too_big_for_the_gpu_is_refused_naming_the_field(tmp_path):
+    big = ["--trainer.micro-batch-tokens", str(4 << 20)]
+    with pytest.raises(
+        ConfigError, match=r"trainer\.micro_batch_tokens: 4194304 tokens .* at most \d+ tokens"
+    ):
+        _resolved(_gpu_job(tmp_path, *big))
+    row = ["--inference.max-model-len", str(2 << 20)]
+    with pytest.raises(ConfigError, match=r"orchestrator\.seq_len: one packed row of 2097152 tokens"):
+        _resolved(_gpu_job(tmp_path, *row))
+    # 4M tokens of checkpointed layer inputs take 168 GiB: more than the trainer's 0.55 of a 200 GiB
+    # GPU beside vLLM, less than all of it while vLLM sleeps (inference.sleep)
+    with pytest.raises(ConfigError, match=r"trainer\.micro_batch_tokens"):
+        _resolved(_gpu_job(tmp_path, *big), gpu_bytes=200 << 30)
+    asleep = _resolved(_gpu_job(tmp_path, *big, "--inference.sleep", "true"), gpu_bytes=200 << 30)
+    assert asleep.trainer.micro_batch_tokens == 4 << 20

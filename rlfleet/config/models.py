@@ -115,7 +115,19 @@ class TrainerConfig(Strict):
     )
     dp_replicate: int = Field(1, ge=1, description="HSDP replicas (ranks = replicate x shard).")
     reshard_after_forward: bool = Field(True, description="Free gathered params after forward (ZeRO-3).")
-    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    activation_checkpointing: Literal["none", "full", "selective"] = Field(
+        "none",
+        description="Recompute each decoder layer in backward; on a GPU, `none` turns to `full` by itself "
+        "when the micro-batch would not fit without it (the trainer log says so).",
+    )
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="A GPU trainer's micro-batch: whole packed rows (orchestrator.seq_len) totalling at most "
+        "this many tokens, and at least one row; unset = orchestrator.micro_batch_size x "
+        "inference.max_model_len when that is set, else sized at the first batch from the memory the "
+        "trainer finds free beside vLLM. Unpacked (seq_len 0) and CPU trainers ignore it.",
+    )
     optimizer_offload: bool = Field(False, description="FSDP2 CPU offload of params, grads, optim state.")
     lm_head_chunk: int | None = Field(
         None,

@@ -22,8 +22,10 @@ class OrchestratorConfig(Strict):
     micro_batch_size: int | None = Field(
         None,
         ge=1,
-        description="Sequences per trainer micro-batch (packed rows when seq_len > 0); unset = 32 "
-        "sequences, or on a GPU trainer 1 packed row (micro-batches by tokens).",
+        description="Sequences per trainer micro-batch; unset = 32 right-padded sequences on a CPU. A GPU "
+        "trainer with packed rows counts tokens: unless trainer.micro_batch_tokens is set, this becomes "
+        "micro_batch_size x inference.max_model_len tokens (refused before anything starts if that cannot "
+        "fit), and unset the trainer sizes its micro-batches from the memory it finds free.",
     )
     seq_len: int | None = Field(
         None,

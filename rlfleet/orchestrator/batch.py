@@ -46,7 +46,9 @@ def build_batches(
 ) -> dict[str, Any]:
     """Publish `batches/step_N` from `rollouts/step_N`: the step's micro-batches (rlfleet/batches.py).
 
-    seq_len > 0 packs the sequences into rows of that many tokens. Every record carries
+    seq_len > 0 packs the sequences into rows of that many tokens, `micro_batch_size` rows a file; a
+    GPU trainer regroups the rows into micro-batches of its own token budget (trainer/sizing.py),
+    so the files are a transport of rows. Every record carries
     the weight version that sampled it; the batch records the step's staleness range and refuses
     (a bug upstream, never retried) samples older than `max_staleness`. `advantage` picks the
     estimator (default GRPO's); `max_tokens`, recorded, is the `constant` loss normaliser's budget.

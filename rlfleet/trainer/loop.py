@@ -2,9 +2,10 @@
 
 Setup: process group, model (from the latest complete checkpoint, else `model.path`; under LoRA the
 base from `model.path` and the adapters from the checkpoint), optimizer, lr schedule at the resumed
-step, the data source, a warm-up. Loop: the source's batch and objective, one optimizer step, the
-source's publish (RL: weights to vLLM), a checkpoint when due (`CheckpointManager`), the source's
-metrics record. Teardown: finish the checkpoint write in flight and leave any error in
+step, the data source, a warm-up. Loop: the source's batch and objective (on a GPU, RL's packed
+rows regrouped into micro-batches by tokens, sized at the first batch: `TokenBudget`), one
+optimizer step, the source's publish (RL: weights to vLLM), a checkpoint when due
+(`CheckpointManager`), the source's metrics record. Teardown: finish the checkpoint write in flight and leave any error in
 `run/trainer_error.json` for whoever launched the trainer (`record_trainer_error`): it decides
 between a retry and failing fast.
 """
@@ -22,6 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import is_transient
 from rlfleet.store import RunStore, run_store
+from rlfleet.trainer.budget import TokenBudget
 from rlfleet.trainer.checkpoint import CheckpointManager
 from rlfleet.trainer.files import ERROR_FILE, checkpoint_model_path, latest_checkpoint, read_trainer_error
 from rlfleet.trainer.parallel import Parallel, parallelize, setup, teardown
@@ -45,6 +47,7 @@ class Batch(NamedTuple):
     micro_batches: list[dict[str, torch.Tensor]]
     objective: Objective  # the step's loss (it may hold the step's normalisers)
     cursor: dict[str, Any]  # where the data continues after this step: a checkpoint's manifest holds it
+    by_tokens: bool = False  # packed rows a GPU trainer regroups into micro-batches by tokens (TokenBudget)
 
 
 class Source(Protocol):
@@ -84,6 +87,7 @@ def train(cfg: TrainerJobConfig, source: Source) -> None:
         store, par, policy, optimizer, cfg.model.path, tc.keep_checkpoints, tc.checkpoint_interval
     )
     step = start = ckpt.load(resumed)
+    budget = TokenBudget(cfg, par, policy, optimizer)
     failed = True
     try:
         scheduler = make_scheduler(optimizer, tc.lr, tc.lr_schedule, cfg.max_steps, start)
@@ -104,9 +108,9 @@ def train(cfg: TrainerJobConfig, source: Source) -> None:
         for step in range(start, cfg.max_steps):
             ckpt.check()
             batch = source.batch(step)
-            metrics = train_step(
-                policy, optimizer, batch.micro_batches, batch.objective, tc.max_grad_norm, par
-            )
+            micro = budget.micro_batches(batch.micro_batches, batch.by_tokens)
+            metrics = train_step(policy, optimizer, micro, batch.objective, tc.max_grad_norm, par)
+            metrics.update(budget.metrics(len(micro)))
             metrics.update(source.publish(step, policy))
             if (secs := ckpt.save(step, batch.cursor, last=step == cfg.max_steps - 1)) is not None:
                 metrics["checkpoint_seconds"] = secs

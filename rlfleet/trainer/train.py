@@ -193,6 +193,31 @@ def warm_up(policy: Policy, par: Parallel | None, tokens: int = 64) -> float:
     return time.perf_counter() - start
 
 
+def probe_row(policy: Policy, par: Parallel, tokens: int, sync: bool) -> int:
+    """Peak bytes one forward and backward of a packed row of `tokens` adds to what the GPU holds
+    (trainer/sizing.py). The loss is a zero, so gradients accumulate zeros; sync=False skips FSDP's
+    gradient reduction, as every micro-batch of a step but its last does. The caller restores the
+    RNG and drops the gradients."""
+    device = par.device
+    ids = torch.ones(1, tokens, dtype=torch.long, device=device)
+    half = tokens // 2  # two samples: a packed row's block-diagonal attention, not a plain causal one
+    pos = torch.cat([torch.arange(half), torch.arange(tokens - half)]).unsqueeze(0).to(device)
+    set_gradient_sync(policy, sync)
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    logprobs, _ = policy(ids, 1.0, pos)
+    (logprobs.float().sum() * 0.0).backward()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def free_memory(device: torch.device) -> int:
+    """What this process's allocator can still get: the device's free memory and its own cache."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
 def optimizer_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
     """Clip to `max_grad_norm`, step, and return the pre-clip gradient norm."""
     grad_norm = _grad_norm(torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm))

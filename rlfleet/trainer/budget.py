@@ -1,0 +1,165 @@
+"""A GPU trainer's micro-batches by tokens, sized at its first batch (trainer/sizing.py says why
+the trainer, not the orchestrator, decides): a probe of the memory a row costs beside vLLM, activation
+checkpointing turned on when a row would not fit without it, a refusal naming the field when it
+would not fit with it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from rlfleet.batches import regroup_rows
+from rlfleet.config.models import TrainerJobConfig
+from rlfleet.errors import DeterministicError
+from rlfleet.trainer.parallel import Parallel, apply_activation_checkpointing
+from rlfleet.trainer.sizing import GIB, Sizing, row_groups, size_micro_batch
+from rlfleet.trainer.train import DTYPES, Policy, free_memory, init_optimizer_state, probe_row
+
+log = logging.getLogger("rlfleet.trainer")
+
+
+# The probe's short row: its cost per token, scaled to a full row, decides activation
+# checkpointing before a full row (which might not fit) runs.
+SHORT_ROW = 1024
+
+
+class TokenBudget:
+    """A GPU trainer's micro-batches by tokens (trainer/sizing.py says why the trainer does it).
+
+    At the first batch of packed rows it fixes how many rows a micro-batch holds: as many as
+    trainer.micro_batch_tokens says, else as many as fit the memory a probe finds free; either way
+    the probe turns activation checkpointing on when the rows would not fit without it, and refuses
+    (a DeterministicError: no relaunch) what does not fit with it. Then each step's rows are
+    regrouped into micro-batches of at most that many. A CPU trainer, unpacked sequences and
+    sources that do not ask (SFT) keep the micro-batches they are given."""
+
+    def __init__(
+        self, cfg: TrainerJobConfig, par: Parallel, policy: Policy, optimizer: torch.optim.Optimizer
+    ):
+        self.cfg, self.par, self.policy, self.optimizer = cfg, par, policy, optimizer
+        self.checkpointing = cfg.trainer.activation_checkpointing
+        self.sizing: Sizing | None = None
+
+    def micro_batches(
+        self, micro: list[dict[str, torch.Tensor]], by_tokens: bool
+    ) -> list[dict[str, torch.Tensor]]:
+        """`micro` regrouped by tokens when `by_tokens` (a source's packed rows) on a GPU; else as given."""
+        if not by_tokens or self.par.device.type != "cuda" or not micro or "position_ids" not in micro[0]:
+            return micro
+        width = micro[0]["input_ids"].shape[1]
+        if self.sizing is None or self.sizing.row_tokens != width:
+            self.sizing = self.size(width)
+            torch.cuda.reset_peak_memory_stats(self.par.device)  # the steps' peaks, not the probe's
+        total = sum(len(m["input_ids"]) for m in micro)
+        return regroup_rows(micro, row_groups(total, self.sizing.rows, self.par.world))
+
+    def metrics(self, micro_batches: int) -> dict[str, Any]:
+        """The step's micro-batching and the GPU's peak (what the sizing has to hold)."""
+        if self.sizing is None:
+            return {}
+        peak = torch.cuda.max_memory_allocated(self.par.device)
+        torch.cuda.reset_peak_memory_stats(self.par.device)
+        return {
+            "micro_batches": micro_batches,
+            "micro_batch_tokens": self.sizing.tokens,
+            "activation_checkpointing": self.checkpointing,
+            "peak_memory_gib": round(peak / GIB, 2),
+        }
+
+    def size(self, width: int) -> Sizing:
+        """Probe rows of `width` tokens and decide (the RNG is left as it was, gradients dropped)."""
+        par, policy, requested = self.par, self.policy, self.cfg.trainer.micro_batch_tokens
+        init_optimizer_state(self.optimizer)  # as the first step would; checkpoint buffers may have already
+        later = transport_bytes(self.cfg, policy)
+        short = min(width, SHORT_ROW)
+        with torch.random.fork_rng(devices=[par.device] if par.device.type == "cuda" else []):
+            while True:
+                can_checkpoint = self.checkpointing == "none"
+                policy.zero_grad(set_to_none=True)
+                probe_row(policy, par, short, sync=False)  # a step's gradients, held from here on
+                free = free_memory(par.device)
+                fixed, per_token = self._line(short, width)
+                guess = fixed + per_token * width
+                guess, fixed, neg_free = par.max([float(guess), float(fixed), float(-free)])
+                free, fixed = int(-neg_free), int(fixed)
+                if (
+                    can_checkpoint
+                    and not size_micro_batch(free, int(guess), width, later, requested, fixed).fits
+                ):
+                    self._checkpoint(f"{guess / GIB:.1f} GiB predicted a row of {width} tokens")
+                    continue
+                row = self._row(width, free)
+                sizing = size_micro_batch(free, row, width, later, requested, fixed)
+                if sizing.fits or not can_checkpoint:
+                    break
+                self._checkpoint(f"{row / GIB:.1f} GiB measured a row of {width} tokens")
+        policy.zero_grad(set_to_none=True)
+        if not sizing.fits:
+            raise DeterministicError(too_big(sizing, requested, self.checkpointing))
+        if par.is_main:
+            log.info(
+                "micro-batches: %s; activation checkpointing %s; %s",
+                "trainer.micro_batch_tokens" if requested else "sized to the free memory",
+                self.checkpointing,
+                sizing.line(),
+            )
+        return sizing
+
+    def _line(self, short: int, width: int) -> tuple[int, float]:
+        """(bytes once a micro-batch, bytes a token) from two short rows: a line through their
+        peaks (the gathered parameters and workspaces do not grow with tokens; activations do)."""
+        one = probe_row(self.policy, self.par, short, sync=False)
+        if 2 * short > width:  # a small row: scaled whole, all of it per token
+            return 0, one / short
+        two = probe_row(self.policy, self.par, 2 * short, sync=False)
+        per_token = max(0.0, (two - one) / short)
+        return max(0, int(one - per_token * short)), per_token
+
+    def _row(self, width: int, free: int) -> int:
+        """A full row's measured peak (the step's last micro-batch: gradients reduced), the largest
+        over the ranks; one that runs out of memory on a single rank reads as not fitting."""
+        try:
+            row = probe_row(self.policy, self.par, width, sync=True)
+        except torch.OutOfMemoryError:
+            if self.par.world > 1:
+                raise
+            self.policy.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            row = free + 1
+        return int(self.par.max([float(row)])[0])
+
+    def _checkpoint(self, why: str) -> None:
+        self.checkpointing = "full"
+        apply_activation_checkpointing(self.policy, "full")
+        if self.par.is_main:
+            log.info("activation checkpointing turned on (full): %s, more than fits", why)
+
+
+def transport_bytes(cfg: TrainerJobConfig, policy: Policy) -> int:
+    """GPU memory the weight transport allocates at its first publish, after step 0's training:
+    cuda_ipc's two slots, nccl's buckets, each a copy of the weights in vLLM's dtype."""
+    from rlfleet.weights.cuda_ipc import SLOTS
+
+    copies = {"cuda_ipc": SLOTS, "nccl": 1}.get(cfg.weights.transport, 0)
+    dtype = DTYPES[cfg.inference.vllm_dtype(cfg.model.dtype, True)]
+    return copies * sum(p.numel() for p in policy.parameters()) * dtype.itemsize
+
+
+def too_big(sizing: Sizing, requested: int | None, checkpointing: str) -> str:
+    """Why the trainer refuses to start training: what was asked, what fits, what to change."""
+    fit = f"{sizing.fit_rows} rows ({sizing.fit_rows * sizing.row_tokens} tokens)"
+    where = f"with activation checkpointing {checkpointing}: {sizing.line()}"
+    if requested:
+        return (
+            f"trainer.micro_batch_tokens (set, or orchestrator.micro_batch_size x inference.max_model_len): "
+            f"{requested} tokens = {sizing.rows} packed rows of {sizing.row_tokens}, and {fit} fit beside "
+            f"vLLM {where}; lower it (or orchestrator.micro_batch_size), or unset both to size micro-batches "
+            "from the free memory"
+        )
+    return (
+        f"orchestrator.seq_len: one packed row of {sizing.row_tokens} tokens does not fit the trainer's free "
+        f"memory {where}; lower inference.max_model_len, give vLLM less of a shared GPU "
+        "(inference.gpu_memory_utilization), train LoRA adapters ([trainer.lora]) or add trainer GPUs"
+    )

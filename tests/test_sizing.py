@@ -1,0 +1,219 @@
+"""A GPU trainer's micro-batches by tokens: the sizing arithmetic (no GPU), and rows regrouped
+into micro-batches train exactly as the orchestrator's did."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+
+from rlfleet.batches import packed_micro_batches, regroup_rows
+from rlfleet.config.loss import LossConfig
+from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
+from rlfleet.orchestrator.rollout import single_turn
+from rlfleet.trainer.budget import TokenBudget
+from rlfleet.trainer.losses import PolicyLoss
+from rlfleet.trainer.parallel import Parallel
+from rlfleet.trainer.sizing import (
+    GIB,
+    HEADROOM,
+    MARGIN,
+    ModelShape,
+    least_step_bytes,
+    most_tokens,
+    requested_rows,
+    row_groups,
+    size_micro_batch,
+)
+from rlfleet.trainer.train import Policy, load_model, make_optimizer, train_step
+
+
+def test_unset_the_micro_batch_is_the_most_rows_the_free_memory_holds_after_a_margin():
+    # 40 GiB free, 4 GiB for the weight transport later: 36 GiB less 10% and the headroom
+    s = size_micro_batch(40 * GIB, 3 * GIB, 8192, later_bytes=4 * GIB)
+    assert s.usable_bytes == int(36 * GIB * (1 - MARGIN)) - HEADROOM
+    assert s.fit_rows == s.rows == s.usable_bytes // (3 * GIB) == 10
+    assert s.tokens == 10 * 8192 and s.fits
+    assert s.token_bytes == 3 * GIB / 8192
+    assert "10 rows of 8192 tokens = 81920 tokens" in s.line()
+
+
+def test_what_a_micro_batch_pays_once_is_not_counted_per_row():
+    # 35.5 GiB usable; a row of 3 GiB of which 1 GiB (gathered parameters) once: 1 + 17 x 2 fit
+    s = size_micro_batch(40 * GIB, 3 * GIB, 8192, fixed_bytes=GIB)
+    assert (s.fit_rows, s.fixed_bytes, s.token_bytes) == (17, GIB, 2 * GIB / 8192)
+    # more than half a row "once" is not believed: clamped to half
+    assert size_micro_batch(40 * GIB, 3 * GIB, 8192, fixed_bytes=3 * GIB).fixed_bytes == 3 * GIB // 2
+
+
+def test_a_row_that_does_not_fit_leaves_zero_rows_and_does_not_fit():
+    s = size_micro_batch(10 * GIB, 12 * GIB, 8192)
+    assert (s.rows, s.fit_rows, s.fits) == (0, 0, False)
+    assert not size_micro_batch(GIB // 4, 1, 8192).fits  # free below the headroom: nothing is usable
+
+
+def test_a_requested_budget_is_kept_and_says_whether_it_fits():
+    free, row = 40 * GIB, 3 * GIB  # 40 GiB less 10% and the headroom: 11 rows fit
+    asked = size_micro_batch(free, row, 4608, requested_tokens=8 * 4608)
+    assert (asked.rows, asked.tokens, asked.fits) == (8, 8 * 4608, True)
+    too_many = size_micro_batch(free, row, 4608, requested_tokens=16 * 4608)
+    assert (too_many.rows, too_many.fit_rows, too_many.fits) == (16, 11, False)
+
+
+def test_a_budget_counts_whole_rows_and_never_fewer_than_one():
+    assert requested_rows(8 * 4608, 8192) == 4  # 36864 tokens: 4 rows of 8192, at most the budget
+    assert requested_rows(512, 8192) == 1  # one sequence of 512 still trains: a row is the least
+    assert requested_rows(8192, 8192) == 1
+
+
+@pytest.mark.parametrize(
+    ("total", "most", "ranks", "expected"),
+    [
+        (10, 4, 1, [4, 3, 3]),
+        (10, 4, 2, [3, 3, 2, 2]),
+        (8, 8, 1, [8]),
+        (3, 8, 4, [1, 1, 1]),  # fewer rows than ranks: one row each, the rest repeat a zeroed one
+        (78, 8, 1, [8] * 8 + [7] * 2),
+        (0, 8, 1, []),
+    ],
+)
+def test_rows_split_evenly_within_the_budget_and_over_the_ranks(total, most, ranks, expected):
+    groups = row_groups(total, most, ranks)
+    assert groups == expected
+    assert sum(groups) == total and all(1 <= g <= most for g in groups)
+    if total >= ranks:
+        assert len(groups) % ranks == 0
+
+
+def test_the_floor_placement_refuses_by_counts_weight_states_and_checkpointed_layer_inputs():
+    shape = ModelShape(params=1_000_000, layers=24, hidden=896)
+    full = least_step_bytes(shape, tokens=1000, param_bytes=4, compute_bytes=2)
+    assert full == 1_000_000 * 4 * 4 + 1000 * 24 * 896 * 2
+    lora = least_step_bytes(shape, tokens=1000, param_bytes=2, trains_all=False)
+    assert lora == 1_000_000 * 2 + 1000 * 24 * 896 * 2
+    assert least_step_bytes(shape, 0, ranks=4) == 1_000_000 * 4 * 4 // 4  # FSDP shards the weights
+    budget = 44 * GIB
+    most = most_tokens(budget, shape)
+    assert least_step_bytes(shape, most) <= budget < least_step_bytes(shape, most + 1)
+    assert most_tokens(1000, shape) == 0  # the weights alone exceed it
+
+
+def _records(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = [1] + [rng.randrange(3, 128) for _ in range(rng.randint(1, 8))]
+        completion = [rng.randrange(3, 128) for _ in range(rng.randint(1, 12))]
+        logprobs = [-rng.uniform(0.5, 5.0) for _ in completion]
+        out.append(
+            {"group": i // 4, **single_turn(prompt, completion, logprobs), "advantage": rng.gauss(0, 1)}
+        )
+    return out
+
+
+def test_regrouped_rows_train_the_same_step(tiny_model):
+    """The trainer's micro-batches by tokens are the orchestrator's rows regrouped: same rows in the
+    same order, so the same loss, gradient norm and weights after the step."""
+    recs = _records(24)
+    num_tokens = sum(sum(r["loss_mask"]) for r in recs)
+    micro = packed_micro_batches(recs, pad_id=0, seq_len=32, rows_per_micro=1)
+    rows = sum(len(m["input_ids"]) for m in micro)
+    assert rows >= 4
+    regrouped = regroup_rows(micro, row_groups(rows, 3))
+    assert [len(m["input_ids"]) for m in regrouped] == row_groups(rows, 3)
+    assert torch.equal(
+        torch.cat([m["input_ids"] for m in regrouped]), torch.cat([m["input_ids"] for m in micro])
+    )
+    results = []
+    for batches in (micro, regrouped):
+        torch.manual_seed(0)
+        model = Policy(load_model(str(tiny_model), "float32", torch.device("cpu")))
+        opt = make_optimizer(model, TrainerConfig(lr=1e-2))
+        m = train_step(model, opt, copy.deepcopy(batches), PolicyLoss(LossConfig(), num_tokens), 1.0)
+        results.append((m, [p.detach().clone() for p in model.parameters()]))
+    (m_a, p_a), (m_b, p_b) = results
+    assert abs(m_a["loss"] - m_b["loss"]) < 1e-6
+    assert abs(m_a["grad_norm"] - m_b["grad_norm"]) < 1e-5 * max(1.0, m_a["grad_norm"])
+    # Adam's first step moves each element by ~lr whatever its gradient: compare far below lr
+    for a, b in zip(p_a, p_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+
+
+def test_regroup_refuses_a_split_that_loses_rows():
+    micro = packed_micro_batches(_records(8), pad_id=0, seq_len=32, rows_per_micro=1)
+    rows = sum(len(m["input_ids"]) for m in micro)
+    with pytest.raises(ValueError, match="rows asked"):
+        regroup_rows(micro, [rows + 1])
+
+
+def test_a_cpu_trainer_keeps_the_micro_batches_it_is_given(tiny_model):
+    """No probe and no regrouping on a CPU, even for packed rows and a token budget."""
+    cfg = TrainerJobConfig(
+        model=ModelConfig(path=str(tiny_model)), trainer=TrainerConfig(micro_batch_tokens=64)
+    )
+    policy = Policy(load_model(str(tiny_model), "float32", torch.device("cpu")))
+    budget = TokenBudget(cfg, Parallel(), policy, make_optimizer(policy, cfg.trainer))
+    micro = packed_micro_batches(_records(16), pad_id=0, seq_len=32, rows_per_micro=1)
+    assert budget.micro_batches(micro, by_tokens=True) is micro
+    assert budget.metrics(len(micro)) == {}
+
+
+class _FakeProbe:
+    """probe_row's peaks for a model that costs `fixed` bytes a micro-batch and `per_token` a
+    token, a tenth of it once activation checkpointing is on (what TokenBudget turns on is
+    recorded, not applied)."""
+
+    def __init__(self, monkeypatch, per_token: int, free: int, fixed: int = 256 << 20):
+        self.per_token, self.fixed, self.checkpointed, self.rows = per_token, fixed, False, []
+        monkeypatch.setattr("rlfleet.trainer.budget.probe_row", self.probe_row)
+        monkeypatch.setattr("rlfleet.trainer.budget.free_memory", lambda device: free)
+        monkeypatch.setattr("rlfleet.trainer.budget.apply_activation_checkpointing", self.checkpoint)
+
+    def probe_row(self, policy, par, tokens, sync):
+        self.rows.append(tokens)
+        return self.fixed + tokens * self.per_token // (10 if self.checkpointed else 1)
+
+    def checkpoint(self, model, mode):
+        assert mode == "full"
+        self.checkpointed = True
+
+
+def _budget(tiny_model, **trainer) -> TokenBudget:
+    cfg = TrainerJobConfig(model=ModelConfig(path=str(tiny_model)), trainer=TrainerConfig(**trainer))
+    policy = Policy(load_model(str(tiny_model), "float32", torch.device("cpu")))
+    return TokenBudget(cfg, Parallel(), policy, make_optimizer(policy, cfg.trainer))
+
+
+def test_rows_that_fit_keep_activation_checkpointing_off(tiny_model, monkeypatch):
+    probe = _FakeProbe(monkeypatch, per_token=64 << 10, free=8 * GIB)  # a row of 8192: 0.5 GiB
+    budget = _budget(tiny_model)
+    sizing = budget.size(8192)
+    assert not probe.checkpointed and budget.checkpointing == "none"
+    assert (sizing.row_bytes, sizing.fixed_bytes) == (GIB // 2 + (256 << 20), 256 << 20)
+    assert sizing.rows == sizing.fit_rows >= 1
+    assert probe.rows[-1] == 8192  # the largest row was measured, after the short ones predicted it
+    assert all(p.grad is None for p in budget.policy.parameters())
+
+
+def test_a_row_that_does_not_fit_turns_activation_checkpointing_on(tiny_model, monkeypatch, caplog):
+    probe = _FakeProbe(monkeypatch, per_token=1 << 20, free=6 * GIB)  # a row: 8 GiB, 0.8 checkpointed
+    budget = _budget(tiny_model)
+    with caplog.at_level("INFO", logger="rlfleet.trainer"):
+        sizing = budget.size(8192)
+    assert probe.checkpointed and budget.checkpointing == "full"
+    row = (256 << 20) + 8192 * (1 << 20) // 10
+    assert sizing.fits and sizing.rows == size_micro_batch(6 * GIB, row, 8192, fixed_bytes=256 << 20).rows
+    assert "activation checkpointing turned on (full)" in caplog.text
+    assert "micro-batches: sized to the free memory; activation checkpointing full" in caplog.text
+
+
+def test_a_budget_that_does_not_fit_even_checkpointed_is_refused_naming_the_field(tiny_model, monkeypatch):
+    from rlfleet.errors import DeterministicError
+
+    _FakeProbe(monkeypatch, per_token=1 << 20, free=6 * GIB)
+    budget = _budget(tiny_model, micro_batch_tokens=64 * 8192)
+    with pytest.raises(DeterministicError, match=r"trainer\.micro_batch_tokens .*64 packed rows of 8192"):
+        budget.size(8192)
+    assert budget.checkpointing == "full"  # tried before refusing
