@@ -3,7 +3,8 @@
 #   bash benchmarks/learning_vs_trl_gpu.sh compare   # rlfleet sync and TRL, seeds 0 and 1
 #   bash benchmarks/learning_vs_trl_gpu.sh variants  # rlfleet k=1, k=2 (m = k), LoRA; GPU 3: the sizing checks
 # MODEL (default /tmp/models/smollm2) is `rlfleet model smollm2`'s output; results go to $OUT/lvt.
-# Each rlfleet run gets its own vLLM port; TRL picks free ports itself.
+# Each rlfleet run gets its own vLLM port; TRL picks free ports itself. On an H200, H100_SHARE=0.69
+# leaves the 1.5B trainer what vLLM's 0.45 leaves it on an 80 GB H100 (~44 GB).
 set -u
 M=${MODEL:-/tmp/models/smollm2}; R=${OUT:-/tmp/gpu-out}/lvt; mkdir -p "$R"
 STEPS=${STEPS:-100}; LIMIT=${LIMIT:-540}
@@ -12,12 +13,29 @@ lane() {  # lane GPU NAME ARGS...: one run on one GPU, its output beside its JSO
   local gpu=$1 name=$2; shift 2
   CUDA_VISIBLE_DEVICES=$gpu "${B[@]}" "$@" --out "$R/$name.json" > "$R/$name.driver.log" 2>&1 &
 }
+sizing() {  # the trainer's sizing on GPU 3: the long-tail job at micro-batch-size 8, then 1.5B full FT
+    (export CUDA_VISIBLE_DEVICES=3
+     timeout 280 python3 benchmarks/long_tail.py --device cuda --shape 05b --only rlfleet --no-peak --steps 4 \
+       --variants "mbs8=--orchestrator.micro-batch-size 8" --logs "$R/lt_logs" --out "$R/long_tail_mbs8.json" \
+       > "$R/long_tail_mbs8.log" 2>&1
+     timeout 260 python3 benchmarks/gpu_loop.py --shapes 15b --transports cuda_ipc --steps 5 --warmup 1 \
+       --work /tmp/gl15 --out "$R/gpu_loop_15b.json" -- --wandb.mode disabled \
+       --inference.gpu-memory-utilization "${H100_SHARE:-0.45}" > "$R/gpu_loop_15b.log" 2>&1
+     cp /tmp/gl15/15b_cuda_ipc/logs/trainer/rank_0.log "$R/gpu_loop_15b_trainer.log" 2>/dev/null)
+}
 case ${1:-compare} in
   compare)
     lane 0 rlfleet_sync_s0 --framework rlfleet --seed 0 --inference.port 8150
     lane 1 rlfleet_sync_s1 --framework rlfleet --seed 1 --inference.port 8160
     lane 2 trl_sync_s0 --framework trl --seed 0
     lane 3 trl_sync_s1 --framework trl --seed 1
+    ;;
+  one_seed)  # one machine call: sync and TRL, k = 1, and the sizing checks (below) on GPU 3
+    lane 0 rlfleet_sync_s0 --framework rlfleet --seed 0 --inference.port 8150
+    lane 1 trl_sync_s0 --framework trl --seed 0
+    lane 2 rlfleet_k1_s0 --framework rlfleet --seed 0 --variant k1 --inference.port 8170 \
+      --orchestrator.max-async-level 1 --orchestrator.max-off-policy-steps 1
+    sizing &
     ;;
   variants)
     lane 0 rlfleet_k1_s0 --framework rlfleet --seed 0 --variant k1 --inference.port 8150 \
@@ -26,15 +44,10 @@ case ${1:-compare} in
       --orchestrator.max-async-level 2 --orchestrator.max-off-policy-steps 2
     lane 2 rlfleet_lora_s0 --framework rlfleet --seed 0 --variant lora --inference.port 8170 \
       --trainer.lora.rank 16 --trainer.lora.alpha 32 --lr 3e-5
-    # the trainer's sizing: the long-tail job at micro-batch-size 8, then 1.5B full fine-tuning
-    (export CUDA_VISIBLE_DEVICES=3
-     timeout 280 python3 benchmarks/long_tail.py --device cuda --shape 05b --only rlfleet --no-peak --steps 4 \
-       --variants "mbs8=--orchestrator.micro-batch-size 8" --logs "$R/lt_logs" --out "$R/long_tail_mbs8.json" \
-       > "$R/long_tail_mbs8.log" 2>&1
-     timeout 260 python3 benchmarks/gpu_loop.py --shapes 15b --transports cuda_ipc --steps 5 --warmup 1 \
-       --work /tmp/gl15 --out "$R/gpu_loop_15b.json" -- --wandb.mode disabled > "$R/gpu_loop_15b.log" 2>&1
-     cp /tmp/gl15/15b_cuda_ipc/logs/trainer/rank_0.log "$R/gpu_loop_15b_trainer.log" 2>/dev/null) &
+    sizing &
     ;;
 esac
 wait
 for f in "$R"/*.json; do python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], d.get('status'), [(p.get('step'), p.get('pass@1')) for p in d.get('curve', [])][-3:])" "$f" 2>/dev/null; done
+grep -h "micro-batches:\|activation checkpointing turned\|trainer micro-batches\|Error\|refus" "$R"/*.log "$R"/lt_logs/* 2>/dev/null | cut -c1-400 | sort | uniq | head -20
+tar czf "$R/logs.tgz" -C "$R" $(cd "$R" && ls *.log lt_logs 2>/dev/null) && rm -f "$R"/*.log

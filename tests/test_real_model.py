@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -117,25 +118,25 @@ def test_sft_on_smollm2_fits_its_data(smollm2, tmp_path):
 
 
 def test_reasoning_gym_env_scores_smollm2s_own_answers(smollm2):
-    """The env's prompts go through SmolLM2's chat template; reasoning-gym's scorer grades the answer
-    the model gives greedily. Before training it writes the sum out ("4 + 9 = 13"): partial credit
-    (the answer's share of the completion), rarely the exact answer that pass@1 counts."""
+    """The env's prompts go through SmolLM2's chat template; reasoning-gym's scorer grades the last
+    number of the answer the model gives greedily. Before training it answers in a sentence ("To add
+    4 and 9, ... 13."), right about 4 times in 10: room for RL, and enough to learn from."""
     cfg = load(RLConfig, ["@", str(ROOT / "examples" / "smollm2" / "rl.toml"), "--model.path", str(smollm2)])
     assert check_envs(cfg.orchestrator.env, "orchestrator.env") == []
     env = build_env(cfg.orchestrator.env[0])
     tok = AutoTokenizer.from_pretrained(smollm2)
     lm = load_model(str(smollm2), "float32", CPU)
     rewards = []
-    for ex in env.eval_examples(8):
+    for ex in env.eval_examples(12):
         ids = tok.apply_chat_template(
             ex.prompt, add_generation_prompt=True, return_tensors="pt", return_dict=True
         )
         with torch.no_grad():
-            out = lm.generate(**ids, max_new_tokens=8, do_sample=False)
-        text = tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+            out = lm.generate(**ids, max_new_tokens=cfg.eval.max_tokens, do_sample=False)
         n = ids["input_ids"].shape[1]
-        traj = Trajectory(ex, out[0].tolist(), n, turns=[{"text": text}])
-        reward, metrics = asyncio.run(env.score(traj))
-        assert (reward == 1.0) == (text.strip() == ex.answer) and 0.0 <= reward <= 1.0, (text, ex.answer)
+        text = tok.decode(out[0, n:], skip_special_tokens=True)
+        reward, metrics = asyncio.run(env.score(Trajectory(ex, out[0].tolist(), n, turns=[{"text": text}])))
+        numbers = re.findall(r"-?\d+", text)
+        assert (reward == 1.0) == (bool(numbers) and numbers[-1] == ex.answer), (text, ex.answer, reward)
         rewards.append(reward)
-    assert sum(r > 0 for r in rewards) >= 2, rewards  # the right sum, inside a longer answer
+    assert 2 <= sum(r == 1.0 for r in rewards) <= 10, rewards

@@ -10,7 +10,7 @@ import pytest
 
 from rlfleet.config.loader import ConfigError, load
 from rlfleet.config.models import RLConfig
-from rlfleet.config.weights import WeightsConfig
+from rlfleet.config.weights import WeightsConfig, placed_transport
 from rlfleet.procs import this_process
 from rlfleet.runs.configs import preflight
 from rlfleet.store import RunStore, step_dir
@@ -41,9 +41,8 @@ class FakeTrainer:
 
 
 def test_every_configurable_transport_has_a_controller_and_a_receiver():
-    assert (
-        set(get_args(WeightsConfig.model_fields["transport"].annotation)) == set(CONTROLLERS) == set(RECEIVE)
-    )
+    configurable = set(get_args(WeightsConfig.model_fields["transport"].annotation))
+    assert configurable - {"auto"} == set(CONTROLLERS) == set(RECEIVE)
     with pytest.raises(ValueError, match="unknown weights transport 'rdma'"):
         make_controller("rdma")
 
@@ -168,3 +167,12 @@ def test_preflight_refuses_cuda_ipc_on_separate_gpus_naming_the_field(model_dir,
         )
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # one GPU: both share it
     assert preflight(ipc, ports=False) == (["0"], ["0"])
+
+
+def test_auto_is_cuda_ipc_on_one_shared_gpu_and_filesystem_elsewhere():
+    auto, pinned = WeightsConfig(), WeightsConfig(transport="nccl")
+    assert placed_transport(auto, ["0"], ["0"]) == "cuda_ipc"
+    assert placed_transport(auto, ["0"], ["1"]) == "filesystem"
+    assert placed_transport(auto, [], []) == "filesystem"  # CPU
+    assert placed_transport(auto, ["0", "1"], ["0", "1"]) == "filesystem"
+    assert placed_transport(pinned, ["0"], ["0"]) == "nccl"

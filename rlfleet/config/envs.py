@@ -96,10 +96,11 @@ class ReasoningGymArgs(Strict):
     datasets: list[ReasoningGymDataset] = Field(min_length=1, description="`[{name, weight, config}]`.")
     size: int = Field(10_000, ge=1, description="Examples in the training pool (the stream cycles over it).")
     seed: int = Field(0, description="Draws the training pool; eval draws its own with seed + 1.")
-    answer_format: Literal["answer_tag", "plain"] = Field(
+    answer_format: Literal["answer_tag", "last_number", "plain"] = Field(
         "answer_tag",
         description="answer_tag: the last <answer>...</answer> of the completion is the answer (reasoning-gym's "
-        "convention); plain: the whole completion, stripped.",
+        "convention); last_number: the completion's last number (lm-eval's flexible extract); plain: the whole "
+        "completion, stripped.",
     )
     system_prompt: str | None = Field(
         None, description="Default: reasoning-gym's own prompt for answer_tag, none for plain."

@@ -11,6 +11,7 @@ from pathlib import Path
 from rlfleet.config.deployment import DeploymentConfig, MultiNodeDeployment
 from rlfleet.config.loader import ConfigError
 from rlfleet.config.models import RLConfig
+from rlfleet.config.weights import placed_transport
 from rlfleet.trainer.sizing import GIB, ModelShape, most_tokens
 
 
@@ -67,7 +68,7 @@ def gpu_defaults(
     cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str], gpu_bytes: int | None = None
 ) -> RLConfig:
     """Fill what depends on placement: vLLM's dtype (bfloat16 on a GPU), which the trainer's
-    weight transport must match, vLLM's share of a GPU it shares with the trainer (0.45), a CPU
+    weight transport must match, the transport itself (`auto` placed), vLLM's share of a GPU it shares with the trainer (0.45), a CPU
     replica's batch of sequences (max_num_seqs), and the trainer's batch shape. A GPU trainer (a
     multi-node job's on GPU nodes included) gets packed rows of max(max_model_len, 8192) tokens and
     micro-batches by tokens (`micro_batch_tokens`); a CPU trainer gets 32 right-padded sequences.
@@ -97,11 +98,13 @@ def gpu_defaults(
         share = 1.0 - vllm if shared and not i.sleep else 1.0
         tokens = micro_batch_tokens(cfg, shape["seq_len"], trainer_gpus, share, gpu_bytes)
         trainer = trainer.model_copy(update={"micro_batch_tokens": tokens})
+    transport = placed_transport(cfg.weights, inference_gpus, trainer_gpus)
     return cfg.model_copy(
         update={
             "inference": i.model_copy(update=update),
             "orchestrator": o.model_copy(update=shape),
             "trainer": trainer,
+            "weights": cfg.weights.model_copy(update={"transport": transport}),
         }
     )
 

@@ -13,10 +13,11 @@ from rlfleet.config.deployment import Deployment
 class WeightsConfig(Strict):
     """How each step's weights reach vLLM (rlfleet/weights/); checkpoints always go to the run store."""
 
-    transport: Literal["filesystem", "cuda_ipc", "nccl"] = Field(
-        "filesystem",
-        description="filesystem: weights/step_N + in-place reload; cuda_ipc: vLLM reads the trainer's GPU "
-        "memory (one shared GPU); nccl: a broadcast from trainer rank 0 (gloo when the trainer is on a CPU).",
+    transport: Literal["auto", "filesystem", "cuda_ipc", "nccl"] = Field(
+        "auto",
+        description="auto: cuda_ipc when vLLM and the trainer share one GPU, else filesystem; filesystem: "
+        "weights/step_N + in-place reload; cuda_ipc: vLLM reads the trainer's GPU memory (one shared GPU); "
+        "nccl: a broadcast from trainer rank 0 (gloo when the trainer is on a CPU).",
     )
     timeout_s: float = Field(600.0, gt=0, description="How long the trainer waits for vLLM to take a step.")
     nccl_port: int = Field(29650, ge=1024, le=65535, description="Rendezvous port of the nccl transport.")
@@ -27,10 +28,19 @@ class WeightsConfig(Strict):
     )
 
 
+def placed_transport(w: WeightsConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> str:
+    """`auto` placed: cuda_ipc where vLLM and the trainer share one GPU (no copy through files, as a
+    colocated TRL's in-process sync), else filesystem; any other choice as it is."""
+    if w.transport != "auto":
+        return w.transport
+    shared = len(inference_gpus) == len(trainer_gpus) == 1 and inference_gpus == trainer_gpus
+    return "cuda_ipc" if shared else "filesystem"
+
+
 def check_transport(w: WeightsConfig, d: Deployment, urls: list[str]) -> None:
     """The shared-GPU check needs the GPU ids: preflight does it (`runs.preflight`)."""
     t = w.transport
-    if t == "filesystem":
+    if t in ("auto", "filesystem"):
         return
     if d.type != "single_node" or urls:
         raise ValueError(f"weights.transport: {t} runs on one node with replicas it starts; use filesystem")

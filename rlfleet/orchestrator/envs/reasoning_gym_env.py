@@ -5,7 +5,8 @@ reasoning-gym composite of `size` examples drawn with `seed`, so a step's prompt
 weight and every example keeps the dataset that scores it. Eval draws its own composite with
 `seed + 1`: procedurally new examples (a task with few distinct problems, such as one-digit addition,
 repeats some of training's). The answer is the completion's last `<answer>...</answer>` (reasoning-gym's
-convention) or the whole completion (`answer_format = "plain"`); the reward is the dataset's
+convention), its last number (`last_number`, for models that answer in a sentence) or the whole
+completion (`plain`); the reward is the dataset's
 `score_answer` (1.0 exact, partial credit where the dataset gives it), so pass@k counts exact answers.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -21,11 +23,16 @@ from rlfleet.orchestrator.envs.base import Example, RewardError, SingleTurn, Tra
 from rlfleet.orchestrator.envs.data import stream_indices
 from rlfleet.orchestrator.envs.usercode import UserCodeError, describe, on_daemon_thread
 
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
 
 def extract(completion: str, answer_format: str) -> str | None:
-    """The answer the model gave: the last <answer> tag's text, or the completion stripped."""
+    """The answer the model gave: the last <answer> tag's text, the last number, or the whole completion."""
     if answer_format == "plain":
         return completion.strip()
+    if answer_format == "last_number":
+        numbers = NUMBER.findall(completion)
+        return numbers[-1].replace(",", "").rstrip(".") if numbers else None
     from reasoning_gym.utils import extract_answer
 
     return extract_answer(completion)
