@@ -94,6 +94,11 @@ class EvalConfig(Strict):
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
     interval: int = Field(0, ge=0, description="In an RL run: evaluate every k steps; 0 = never.")
+    before_training: bool = Field(
+        False,
+        description="In an RL run with interval > 0: also evaluate the starting weights before step 0 "
+        "(evals/base.json; verl's val_before_train), the first point of the learning curve.",
+    )
     stall_timeout_s: float = Field(600.0, gt=0, description="As orchestrator.stall_timeout_s.")
 
     @model_validator(mode="after")

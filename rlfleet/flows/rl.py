@@ -121,6 +121,14 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
             after = [edge(launched)]
             run.start_stream(cfg, store, start)
             warm.result()
+            if start == 0 and cfg.eval.interval and cfg.eval.before_training:
+                base = evaluate_policy.with_options(
+                    **retry_options(cfg), task_run_name="evaluate_policy-base"
+                )(quote(cfg), None, handles, wait_for=after)
+                log.info(
+                    "eval before training: %s",
+                    ", ".join(f"{e['env']} pass@1 {e['pass@1']:.3f}" for e in base["envs"]),
+                )
         with step_progress("rl", "reward {task.fields[reward]}", "{task.fields[secs]}") as bar:
             job = bar.add_task("rl", total=cfg.max_steps, completed=start, reward="-", secs="")
             for step in range(start, cfg.max_steps):

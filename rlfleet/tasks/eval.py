@@ -62,7 +62,8 @@ def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
 
 
 @task(name="evaluate_policy", task_run_name="evaluate_policy-{step}", cache_key_fn=step_key)
-def evaluate_policy(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
-    """Evaluate the weights of `step` on the run's own servers (called right after their broadcast)."""
+def evaluate_policy(cfg: RLConfig, step: int | None, run: RunHandles) -> dict[str, Any]:
+    """Evaluate the weights of `step` on the run's own servers (called right after their broadcast);
+    step None: the starting weights, before step 0 (`eval.before_training`)."""
     result = evaluate(run.pool, cfg.model.path, cfg.eval, cfg.inference.max_model_len)
     return eval_record(run_store(cfg.output_dir), step, result, "rl")
