@@ -149,35 +149,13 @@ def run_rlfleet(
 
 
 def trl_grpo(cfg: Any, a: argparse.Namespace, work: Path, cuda: bool) -> dict[str, Any]:
-    """GRPOConfig kwargs mirroring rlfleet's resolved config."""
-    o, t = cfg.orchestrator, cfg.trainer
-    seqs = o.batch_size * o.group_size
+    """GRPOConfig kwargs mirroring rlfleet's resolved config (its weights: fp32 masters)."""
+    from trl_match import grpo_kwargs
+
+    seqs = cfg.orchestrator.batch_size * cfg.orchestrator.group_size
     micro = a.trl_micro_batch if seqs % a.trl_micro_batch == 0 else seqs
-    vllm = {
-        "vllm_mode": "colocate", "vllm_gpu_memory_utilization": a.trl_vllm_memory,
-        "vllm_max_model_length": cfg.inference.max_model_len,
-        "vllm_importance_sampling_mode": "token_mask",  # in the role of rlfleet's ratio mask, same bounds
-        "vllm_importance_sampling_clip_min": cfg.loss.mask_ratio_low,
-        "vllm_importance_sampling_clip_max": cfg.loss.mask_ratio_high,
-    }  # fmt: skip
-    # fmt: off
-    return {
-        "output_dir": str(work / "trl"), "max_steps": cfg.max_steps, "seed": cfg.seed,
-        # one generation of batch x group = one optimizer step (steps_per_generation = grad accumulation)
-        "num_generations": o.group_size, "per_device_train_batch_size": micro,
-        "gradient_accumulation_steps": seqs // micro, "shuffle_dataset": False,  # rlfleet's prompt order
-        "max_completion_length": o.max_tokens, "temperature": o.temperature, "mask_truncated_completions": False,
-        "learning_rate": t.lr, "lr_scheduler_type": "constant", "warmup_steps": 0, "weight_decay": t.weight_decay,
-        "adam_beta1": t.betas[0], "adam_beta2": t.betas[1], "adam_epsilon": 1e-8, "max_grad_norm": t.max_grad_norm,
-        "optim": "adamw_torch_fused" if cuda else "adamw_torch", "gradient_checkpointing": False,
-        "beta": 0.0, "num_iterations": 1, "loss_type": "dapo", "scale_rewards": "group",
-        "epsilon": cfg.loss.clip_low, "epsilon_high": cfg.loss.clip_high,
-        "use_vllm": not a.trl_no_vllm, **({} if a.trl_no_vllm else vllm),
-        "bf16": cuda, "use_cpu": not cuda, "model_init_kwargs": {"dtype": "float32"},
-        "logging_steps": 1, "report_to": "none", "disable_tqdm": True,
-        "save_strategy": "steps", "save_steps": cfg.max_steps, "save_only_model": False,
-    }
-    # fmt: on
+    share = None if a.trl_no_vllm else a.trl_vllm_memory
+    return grpo_kwargs(cfg, work / "trl", micro, cuda, share) | {"model_init_kwargs": {"dtype": "float32"}}
 
 
 def run_trl(

@@ -32,6 +32,8 @@ from pathlib import Path
 from statistics import fmean, median
 from typing import Any
 
+from trl_match import grpo_kwargs
+
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "examples" / "tiny" / "rl.toml"
 # Qwen2-0.5B's body as a Llama (no qkv bias, untied LM head); the char tokenizer padded to 32768 ids.
@@ -207,7 +209,7 @@ def trl_spec(cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool) -> d
     from rlfleet.chat import prompt_ids
     from rlfleet.orchestrator.envs import load_envs
 
-    o, t, cuda = cfg.orchestrator, cfg.trainer, device == "cuda"
+    o, cuda = cfg.orchestrator, device == "cuda"
     envs = load_envs(o.env)
     if [e.name for e in envs] != ["repeat"]:
         raise SystemExit("vs_trl compares on the `repeat` env only (its reward is TRL's reward function)")
@@ -221,34 +223,9 @@ def trl_spec(cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool) -> d
     seqs = o.batch_size * o.group_size
     mbs = o.micro_batch_size or 32  # TRL's micro-batches count sequences, as rlfleet's unpacked ones
     micro = mbs if seqs % mbs == 0 else seqs
-    vllm = {
-        "vllm_mode": "colocate",
-        "vllm_max_model_length": cfg.inference.max_model_len,
-        # rlfleet's share of a GPU vLLM shares with the trainer (unset: 0.45, config/placement.py)
-        "vllm_gpu_memory_utilization": cfg.inference.gpu_memory_utilization or 0.45,
-        # TRL's sampler/trainer correction in the role of rlfleet's ratio masking, the same bounds
-        "vllm_importance_sampling_mode": "token_mask",
-        "vllm_importance_sampling_clip_min": cfg.loss.mask_ratio_low,
-        "vllm_importance_sampling_clip_max": cfg.loss.mask_ratio_high,
-    }
-    # fmt: off
-    grpo: dict[str, Any] = {
-        "output_dir": str(tmp / "trl"), "max_steps": cfg.max_steps, "seed": cfg.seed,
-        # one generation of batch x group per optimizer step, in micro-batches of rlfleet's size
-        "num_generations": o.group_size, "per_device_train_batch_size": micro,
-        "gradient_accumulation_steps": seqs // micro, "shuffle_dataset": False,  # rlfleet's prompt order
-        "max_completion_length": o.max_tokens, "temperature": o.temperature, "mask_truncated_completions": False,
-        "learning_rate": t.lr, "lr_scheduler_type": "constant", "warmup_steps": 0, "weight_decay": t.weight_decay,
-        "adam_beta1": t.betas[0], "adam_beta2": t.betas[1], "adam_epsilon": 1e-8, "max_grad_norm": t.max_grad_norm,
-        "optim": "adamw_torch_fused" if cuda else "adamw_torch", "gradient_checkpointing": False,
-        # no KL, no reference model; token sum / the step's loss tokens (DAPO) as rlfleet's grpo_loss
-        "beta": 0.0, "num_iterations": 1, "loss_type": "dapo", "scale_rewards": "group",
-        "epsilon": cfg.loss.clip_low, "epsilon_high": cfg.loss.clip_high, "use_vllm": trl_vllm, **(vllm if trl_vllm else {}),
-        "bf16": cuda, "use_cpu": not cuda, "model_init_kwargs": {"dtype": "bfloat16" if cuda else "float32"},
-        "logging_steps": 1, "report_to": "none", "disable_tqdm": True,
-        "save_strategy": "steps", "save_steps": t.checkpoint_interval, "save_only_model": False,
-    }
-    # fmt: on
+    share = (cfg.inference.gpu_memory_utilization or 0.45) if trl_vllm else None  # rlfleet's (placement.py)
+    grpo = grpo_kwargs(cfg, tmp / "trl", micro, cuda, share)
+    grpo["model_init_kwargs"] = {"dtype": "bfloat16" if cuda else "float32"}
     out = {
         "model": str(model),
         "rows": rows,

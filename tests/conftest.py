@@ -42,6 +42,18 @@ def smollm2(tmp_path_factory) -> Path:
     return make_smollm2(tmp_path_factory.mktemp("models") / "smollm2")
 
 
+@pytest.fixture(scope="module")
+def host():
+    """One vLLM-CPU process that serves model after model (tests/archmatrix.py `Host`)."""
+    from tests.archmatrix import Host
+
+    h = Host()
+    try:
+        yield h
+    finally:
+        h.exit()
+
+
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect_home")

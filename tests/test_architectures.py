@@ -21,7 +21,7 @@ from rlfleet.config.lora import LoraConfig
 from rlfleet.trainer.tiny import ARCHS, SLIDING_WINDOW, make_tiny_model
 from rlfleet.trainer.train import Policy, load_model
 from tests.arch_fsdp import step
-from tests.archmatrix import TRANSPORTS_CPU, Host, make_arch_model, row_ok, run_arch
+from tests.archmatrix import TRANSPORTS_CPU, make_arch_model, row_ok, run_arch
 from tests.conftest import free_port
 
 CPU = torch.device("cpu")
@@ -32,15 +32,6 @@ TOL = 1e-3  # float32 on both sides: vLLM's CPU kernels vs transformers
 def models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("arch_models")
     return {arch: make_arch_model(root, arch, sharpen=True) for arch in ARCHS}
-
-
-@pytest.fixture(scope="module")
-def host():
-    h = Host()
-    try:
-        yield h
-    finally:
-        h.exit()
 
 
 def test_each_tiny_model_has_its_architectures_features(models, tmp_path):

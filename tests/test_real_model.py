@@ -22,7 +22,7 @@ from rlfleet.orchestrator.envs.base import Trajectory
 from rlfleet.trainer.sft import run_sft
 from rlfleet.trainer.smollm2 import check
 from rlfleet.trainer.train import load_model
-from tests.archmatrix import TRANSPORTS_CPU, Host, row_ok, run_arch
+from tests.archmatrix import TRANSPORTS_CPU, row_ok, run_arch
 from tests.helpers import dataset_nll
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,15 +51,6 @@ def test_smollm2_is_a_tied_llama_with_its_bpe_and_chat_template(smollm2, tmp_pat
     with pytest.raises(FileExistsError, match="already holds a model"):
         main(["model", "smollm2", "--out", str(smollm2)])
     assert sorted(p.name for p in smollm2.parent.iterdir()) == ["smollm2"]
-
-
-@pytest.fixture(scope="module")
-def host():
-    h = Host()
-    try:
-        yield h
-    finally:
-        h.exit()
 
 
 @pytest.mark.e2e

@@ -1,0 +1,44 @@
+"""TRL GRPOConfig arguments that mirror a resolved rlfleet RL config: one place for what
+benchmarks/vs_trl.py and benchmarks/learning_vs_trl.py both hold TRL to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def grpo_kwargs(
+    cfg: Any, output_dir: Path, micro: int, cuda: bool, vllm_share: float | None
+) -> dict[str, Any]:
+    """One generation of batch x group prompts = one optimizer step, in micro-batches of `micro`
+    sequences; rlfleet's prompt order, lr, AdamW, clipping; no KL and no reference model; DAPO's token
+    sum over the step's loss tokens (rlfleet's grpo token_mean). `vllm_share`: the colocated vLLM's share
+    of the GPU, its importance-sampling correction in the role of rlfleet's ratio mask (the same bounds);
+    None: HF generate. Checkpoints: model + optimizer every trainer.checkpoint_interval steps."""
+    o, t, loss = cfg.orchestrator, cfg.trainer, cfg.loss
+    seqs = o.batch_size * o.group_size
+    vllm = {
+        "vllm_mode": "colocate",
+        "vllm_gpu_memory_utilization": vllm_share,
+        "vllm_max_model_length": cfg.inference.max_model_len,
+        "vllm_importance_sampling_mode": "token_mask",
+        "vllm_importance_sampling_clip_min": loss.mask_ratio_low,
+        "vllm_importance_sampling_clip_max": loss.mask_ratio_high,
+    }
+    # fmt: off
+    return {
+        "output_dir": str(output_dir), "max_steps": cfg.max_steps, "seed": cfg.seed,
+        "num_generations": o.group_size, "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": seqs // micro, "shuffle_dataset": False,
+        "max_completion_length": o.max_tokens, "temperature": o.temperature, "mask_truncated_completions": False,
+        "learning_rate": t.lr, "lr_scheduler_type": "constant", "warmup_steps": 0, "weight_decay": t.weight_decay,
+        "adam_beta1": t.betas[0], "adam_beta2": t.betas[1], "adam_epsilon": 1e-8, "max_grad_norm": t.max_grad_norm,
+        "optim": "adamw_torch_fused" if cuda else "adamw_torch", "gradient_checkpointing": False,
+        "beta": 0.0, "num_iterations": 1, "loss_type": "dapo", "scale_rewards": "group",
+        "epsilon": loss.clip_low, "epsilon_high": loss.clip_high,
+        "use_vllm": vllm_share is not None, **(vllm if vllm_share is not None else {}),
+        "bf16": cuda, "use_cpu": not cuda,
+        "logging_steps": 1, "report_to": "none", "disable_tqdm": True,
+        "save_strategy": "steps", "save_steps": t.checkpoint_interval, "save_only_model": False,
+    }
+    # fmt: on
