@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -12,6 +14,7 @@ from transformers import AutoTokenizer, PreTrainedModel
 
 from rlfleet.config.models import SFTConfig
 from rlfleet.net import tls
+from rlfleet.orchestrator.rollout import single_turn
 from rlfleet.trainer.loss import num_targets, sft_loss, token_logprobs
 from rlfleet.trainer.sft_data import Example, encode, load_dataset, micro_batches, pad_id
 from rlfleet.trainer.train import load_model
@@ -76,3 +79,22 @@ def sbatch_test_only(script: str, env: dict[str, str] | None = None) -> str:
 def dcp_ranks(dcp_dir: Path) -> set[int]:
     """The ranks with shard files in a DCP checkpoint (DCP names them `__<rank>_<file>.distcp`)."""
     return {int(p.name.split("_")[2]) for p in Path(dcp_dir).glob("*.distcp")}
+
+
+def random_records(
+    n: int,
+    seed: int = 0,
+    advantage: Callable[[random.Random, int], float] = lambda rng, i: rng.uniform(-1, 1),
+) -> list[dict]:
+    """Trajectories of 3-20 tokens over ids 3..127 in groups of 4 (padded micro-batches carry a lot of
+    padding); `advantage(rng, i)` gives the i-th its advantage."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = [1] + [rng.randrange(3, 128) for _ in range(rng.randint(1, 8))]
+        completion = [rng.randrange(3, 128) for _ in range(rng.randint(1, 12))]
+        logprobs = [-rng.uniform(0.5, 5.0) for _ in completion]
+        out.append(
+            {"group": i // 4, **single_turn(prompt, completion, logprobs), "advantage": advantage(rng, i)}
+        )
+    return out

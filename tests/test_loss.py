@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 
 import pytest
 import torch
@@ -14,11 +13,11 @@ import torch
 from rlfleet.batches import micro_batches
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import TrainerConfig
-from rlfleet.orchestrator.rollout import single_turn
 from rlfleet.trainer.lm_head import chunked_logprobs
 from rlfleet.trainer.loss import logprobs_and_entropy
 from rlfleet.trainer.losses import PolicyLoss, StepNorm, micro_batch_loss, policy_fn
 from rlfleet.trainer.train import Policy, accumulate, load_model, make_optimizer, optimizer_step, train_step
+from tests.helpers import random_records
 
 
 def frozen_grpo_loss(
@@ -97,24 +96,11 @@ def test_default_grpo_is_the_frozen_loss_bit_for_bit(layout):
             assert torch.equal(stats[k], v), k
 
 
-def _records(n: int, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        prompt = [1] + [rng.randrange(3, 128) for _ in range(rng.randint(1, 8))]
-        completion = [rng.randrange(3, 128) for _ in range(rng.randint(1, 12))]
-        logprobs = [-rng.uniform(0.5, 5.0) for _ in completion]
-        out.append(
-            {"group": i // 4, **single_turn(prompt, completion, logprobs), "advantage": rng.uniform(-1, 1)}
-        )
-    return out
-
-
 @pytest.mark.parametrize("seq_len", [0, 48])
 def test_default_train_step_updates_weights_as_before(tiny_model, seq_len):
     """train_step with the default [loss] == today's train step (the frozen loss through the same
     accumulate and optimizer step): same loss, same updated weights, bit for bit."""
-    recs = _records(12)
+    recs = random_records(12)
     n = sum(sum(r["loss_mask"]) for r in recs)
     micro = micro_batches(recs, 0, 3 if not seq_len else 2, seq_len)
     cfg = TrainerConfig(lr=1e-2)
@@ -339,7 +325,7 @@ def test_entropy_bonus_and_its_gradient_on_both_lm_head_paths():
 )
 def test_two_micro_batches_give_one_batchs_gradient(cfg, seq_len):
     """Split a step in 2 micro-batches: the sum of their losses' gradients == the whole batch's."""
-    recs = _records(9, seed=3)
+    recs = random_records(9, seed=3)
     cfg = LossConfig(**cfg)
     norm = StepNorm(sum(sum(r["loss_mask"]) for r in recs), len(recs), 123.0)
     theta = torch.randn(

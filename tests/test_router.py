@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
@@ -11,15 +10,20 @@ import torch
 from rlfleet.batches import micro_batches
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import TrainerConfig
-from rlfleet.orchestrator.rollout import single_turn
 from rlfleet.trainer.loss import NLL
 from rlfleet.trainer.losses import PolicyLoss
 from rlfleet.trainer.parallel import Parallel, apply_activation_checkpointing
 from rlfleet.trainer.router import load_metrics, real_token_mask
 from rlfleet.trainer.tiny import make_tiny_model
 from rlfleet.trainer.train import Policy, accumulate, load_model, make_optimizer, train_step, warm_up
+from tests.helpers import random_records
 
 PAD = 0
+
+
+def records(n: int, seed: int = 0) -> list[dict]:
+    """Trajectories of 3-20 tokens, advantages alternating -1, +1."""
+    return random_records(n, seed, lambda rng, i: 1.0 if i % 2 else -1.0)
 
 
 @pytest.fixture(scope="module")
@@ -30,18 +34,6 @@ def moe_model(tmp_path_factory):
 def _policy(path) -> Policy:
     torch.manual_seed(0)
     return Policy(load_model(str(path), "float32", torch.device("cpu")))
-
-
-def _records(n: int, seed: int = 0) -> list[dict]:
-    """Trajectories of 3-20 tokens: padded micro-batches carry a lot of padding."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        prompt = [1] + [rng.randrange(3, 128) for _ in range(rng.randint(1, 8))]
-        completion = [rng.randrange(3, 128) for _ in range(rng.randint(1, 12))]
-        lps = [-rng.uniform(0.5, 5.0) for _ in completion]
-        out.append({**single_turn(prompt, completion, lps), "advantage": 1.0 if i % 2 else -1.0})
-    return out
 
 
 def _by_hand(policy: Policy, mbs: list[dict[str, torch.Tensor]]) -> torch.Tensor:
@@ -61,7 +53,7 @@ def _by_hand(policy: Policy, mbs: list[dict[str, torch.Tensor]]) -> torch.Tensor
 
 @pytest.mark.parametrize("seq_len", [0, 32])
 def test_counts_are_the_router_logits_top_k_on_real_tokens_only(moe_model, seq_len):
-    recs = _records(10)
+    recs = records(10)
     mbs = micro_batches(recs, PAD, 4, seq_len)
     policy = _policy(moe_model)
     assert policy.routing is not None and policy.routing.layers == 2 and policy.routing.experts == 4
@@ -80,7 +72,7 @@ def test_padding_and_a_ranks_filler_micro_batch_route_nothing(moe_model):
     """Rank 1 of 2 over 3 micro-batches trains micro-batch 1 and a zeroed repeat of micro-batch 0
     (so FSDP's collectives pair up); only micro-batch 1's real tokens count. Nothing counts
     outside `counting` (a forward of someone else's: the LoRA reference, a recompute)."""
-    mbs = micro_batches(_records(9), PAD, 3)
+    mbs = micro_batches(records(9), PAD, 3)
     policy = _policy(moe_model)
     with torch.no_grad():
         policy(mbs[2]["input_ids"])
@@ -92,7 +84,7 @@ def test_padding_and_a_ranks_filler_micro_batch_route_nothing(moe_model):
 
 @pytest.mark.parametrize("objective", ["rl", "sft"])
 def test_a_train_step_on_the_moe_reports_router_load(moe_model, objective):
-    recs = _records(8)
+    recs = records(8)
     mbs = micro_batches(recs, PAD, 3)
     policy = _policy(moe_model)
     opt = make_optimizer(policy, TrainerConfig(lr=1e-3))
@@ -113,7 +105,7 @@ def test_a_train_step_on_the_moe_reports_router_load(moe_model, objective):
 
 
 def test_activation_checkpointing_recompute_is_not_counted_twice(moe_model):
-    mbs = micro_batches(_records(6), PAD, 3)
+    mbs = micro_batches(records(6), PAD, 3)
     totals = []
     for mode in ("none", "full"):
         policy = _policy(moe_model)
@@ -128,7 +120,7 @@ def test_activation_checkpointing_recompute_is_not_counted_twice(moe_model):
 def test_a_dense_model_has_no_router_metrics(tiny_model):
     policy = _policy(tiny_model)
     assert policy.routing is None
-    mbs = micro_batches(_records(4), PAD, 2)
+    mbs = micro_batches(records(4), PAD, 2)
     metrics = train_step(policy, make_optimizer(policy, TrainerConfig()), mbs, NLL(mbs), 1.0)
     assert not [k for k in metrics if k.startswith("router/")]
 

@@ -4,7 +4,6 @@ into micro-batches train exactly as the orchestrator's did."""
 from __future__ import annotations
 
 import copy
-import random
 
 import pytest
 import torch
@@ -12,7 +11,6 @@ import torch
 from rlfleet.batches import packed_micro_batches, regroup_rows
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
-from rlfleet.orchestrator.rollout import single_turn
 from rlfleet.trainer.budget import TokenBudget
 from rlfleet.trainer.losses import PolicyLoss
 from rlfleet.trainer.parallel import Parallel
@@ -28,6 +26,11 @@ from rlfleet.trainer.sizing import (
     size_micro_batch,
 )
 from rlfleet.trainer.train import Policy, load_model, make_optimizer, train_step
+from tests.helpers import random_records
+
+
+def records(n: int, seed: int = 0) -> list[dict]:
+    return random_records(n, seed, lambda rng, i: rng.gauss(0, 1))
 
 
 def test_unset_the_micro_batch_is_the_most_rows_the_free_memory_holds_after_a_margin():
@@ -100,23 +103,10 @@ def test_the_floor_placement_refuses_by_counts_weight_states_and_checkpointed_la
     assert most_tokens(1000, shape) == 0  # the weights alone exceed it
 
 
-def _records(n: int, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        prompt = [1] + [rng.randrange(3, 128) for _ in range(rng.randint(1, 8))]
-        completion = [rng.randrange(3, 128) for _ in range(rng.randint(1, 12))]
-        logprobs = [-rng.uniform(0.5, 5.0) for _ in completion]
-        out.append(
-            {"group": i // 4, **single_turn(prompt, completion, logprobs), "advantage": rng.gauss(0, 1)}
-        )
-    return out
-
-
 def test_regrouped_rows_train_the_same_step(tiny_model):
     """The trainer's micro-batches by tokens are the orchestrator's rows regrouped: same rows in the
     same order, so the same loss, gradient norm and weights after the step."""
-    recs = _records(24)
+    recs = records(24)
     num_tokens = sum(sum(r["loss_mask"]) for r in recs)
     micro = packed_micro_batches(recs, pad_id=0, seq_len=32, rows_per_micro=1)
     rows = sum(len(m["input_ids"]) for m in micro)
@@ -142,7 +132,7 @@ def test_regrouped_rows_train_the_same_step(tiny_model):
 
 
 def test_regroup_refuses_a_split_that_loses_rows():
-    micro = packed_micro_batches(_records(8), pad_id=0, seq_len=32, rows_per_micro=1)
+    micro = packed_micro_batches(records(8), pad_id=0, seq_len=32, rows_per_micro=1)
     rows = sum(len(m["input_ids"]) for m in micro)
     with pytest.raises(ValueError, match="rows asked"):
         regroup_rows(micro, [rows + 1])
@@ -155,7 +145,7 @@ def test_a_cpu_trainer_keeps_the_micro_batches_it_is_given(tiny_model):
     )
     policy = Policy(load_model(str(tiny_model), "float32", torch.device("cpu")))
     budget = TokenBudget(cfg, Parallel(), policy, make_optimizer(policy, cfg.trainer))
-    micro = packed_micro_batches(_records(16), pad_id=0, seq_len=32, rows_per_micro=1)
+    micro = packed_micro_batches(records(16), pad_id=0, seq_len=32, rows_per_micro=1)
     assert budget.micro_batches(micro, by_tokens=True) is micro
     assert budget.metrics(len(micro)) == {}
 
