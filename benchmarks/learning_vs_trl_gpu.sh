@@ -50,4 +50,5 @@ esac
 wait
 for f in "$R"/*.json; do python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], d.get('status'), [(p.get('step'), p.get('pass@1')) for p in d.get('curve', [])][-3:])" "$f" 2>/dev/null; done
 grep -h "micro-batches:\|activation checkpointing turned\|trainer micro-batches\|Error\|refus" "$R"/*.log "$R"/lt_logs/* 2>/dev/null | cut -c1-400 | sort | uniq | head -20
-tar czf "$R/logs.tgz" -C "$R" $(cd "$R" && ls *.log lt_logs 2>/dev/null) && rm -f "$R"/*.log
+# a device call brings back at most 8 files: the logs travel as one archive
+tar czf "$R/logs.tgz" -C "$R" $(cd "$R" && ls -d *.log lt_logs 2>/dev/null) && rm -rf "$R"/*.log "$R/lt_logs"
