@@ -4,22 +4,46 @@
 group, with SIGTERM on parent death. SIGTERM alone is not enough: a vLLM server with a request in
 flight (its engine already stopped) waits forever in uvicorn's graceful shutdown. So on SIGTERM the
 guard passes it to the group, gives it GRACE_S, then SIGKILLs the group, itself included. Otherwise
-it exits as CMD did. Standard library only: it must start fast and anywhere rlfleet runs.
+it exits as CMD did. A guard killed outright (SIGKILL) cannot do any of that: CMD gets SIGKILL from
+the kernel the moment the guard dies (PR_SET_PDEATHSIG), and the owner's group kill takes the rest. Standard library only: it must start fast and anywhere rlfleet runs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 GRACE_S = 10.0
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int) -> Callable[[], None]:
+    """A `preexec_fn`: the child gets `sig` when the process starting it dies (Linux prctl; elsewhere
+    the owner's group kill and the pidfile reaper remain). A parent already gone by then is caught too."""
+    parent = os.getpid()
+
+    def arm() -> None:
+        with contextlib.suppress(OSError, AttributeError):  # not glibc
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
+
+
 def main(argv: list[str]) -> int:
-    child = subprocess.Popen(argv)  # same session and group as the guard, same stdio
+    # Same session and group as the guard, same stdio. SIGKILL when the guard dies: a guard killed
+    # outright (SIGKILL, OOM killer) runs no grace period, and SIGTERM alone can leave a vLLM server
+    # with requests in flight waiting forever; its children are the group's, which the owner kills.
+    child = subprocess.Popen(argv, preexec_fn=die_with_parent(signal.SIGKILL))
 
     def exited() -> bool:
         # Not child.poll(): this handler interrupts child.wait(), which holds the lock poll()

@@ -10,7 +10,6 @@ was SIGKILLed before it could clean up.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -22,12 +21,7 @@ from pathlib import Path
 
 import psutil
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError):  # not glibc: rely on the pidfile reaper
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+from rlfleet.guard import die_with_parent
 
 
 @dataclass
@@ -50,7 +44,7 @@ class ManagedProcess:
             stderr=subprocess.STDOUT,
             env={**os.environ, **self.env},
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent(signal.SIGTERM),  # the guard's grace period, then SIGKILL
         )
         log.close()
         write_pidfile(self.pidfile, self.proc.pid)

@@ -1,0 +1,50 @@
+"""`rlfleet.guard`: what runs under it never outlives it, even when the guard is killed outright."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+CHILD = "import os, sys, time; open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); os.rename(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(600)"
+
+
+def start(pidfile) -> subprocess.Popen:
+    """The guard as ManagedProcess starts it: the leader of its own process group."""
+    cmd = [sys.executable, "-m", "rlfleet.guard", sys.executable, "-c", CHILD, str(pidfile)]
+    return subprocess.Popen(cmd, start_new_session=True)
+
+
+def child_pid(pidfile, guard: subprocess.Popen, timeout_s: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while not pidfile.exists():
+        assert guard.poll() is None, "the guard exited before its child started"
+        assert time.monotonic() < deadline, "the child never started"
+        time.sleep(0.05)
+    return int(pidfile.read_text())
+
+
+def test_a_guard_killed_outright_takes_its_child_with_it(tmp_path):
+    """SIGKILL runs no handler in the guard: the kernel's parent-death signal kills the child."""
+    pidfile = tmp_path / "child.pid"
+    guard = start(pidfile)
+    child = psutil.Process(child_pid(pidfile, guard))
+    assert child.ppid() == guard.pid
+    os.kill(guard.pid, signal.SIGKILL)
+    guard.wait()
+    child.wait(timeout=10)  # raises psutil.TimeoutExpired if the child outlived its guard
+    assert not child.is_running()
+
+
+def test_sigterm_takes_the_group_down_guard_included(tmp_path):
+    """The owner's SIGTERM: the group gets it, then the guard SIGKILLs the group, itself included."""
+    pidfile = tmp_path / "child.pid"
+    guard = start(pidfile)
+    child = psutil.Process(child_pid(pidfile, guard))
+    guard.send_signal(signal.SIGTERM)
+    assert guard.wait(timeout=30) == -signal.SIGKILL
+    child.wait(timeout=10)
