@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import os
-import struct
 import subprocess
 from pathlib import Path
+
+from safetensors import safe_open
 
 from rlfleet.config.deployment import DeploymentConfig, MultiNodeDeployment
 from rlfleet.config.loader import ConfigError
@@ -114,7 +116,7 @@ def micro_batch_tokens(
 ) -> int | None:
     """A GPU trainer's micro-batch budget in tokens: trainer.micro_batch_tokens as set, else the
     user's sequence count orchestrator.micro_batch_size x inference.max_model_len (its longest
-    sequence), else None (the trainer sizes itself at its first batch, trainer/loop.py).
+    sequence), else None (the trainer sizes itself at its first batch, trainer/budget.py).
 
     Refused here, before anything starts, where even `least_step_bytes` (weights, gradients, AdamW
     and full activation checkpointing) exceeds the trainer's `share` of its GPU: the message names
@@ -173,18 +175,11 @@ def model_shape(path: str) -> ModelShape | None:
         return None
     params = 0
     for f in Path(path).glob("*.safetensors"):
-        try:
-            with f.open("rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                header = json.loads(fh.read(n))
-        except (OSError, ValueError, struct.error):
+        try:  # the header only: shapes, no tensors (and no torch in the controller's checks)
+            with safe_open(f, framework="numpy") as st:
+                params += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())  # noqa: SIM118
+        except Exception:  # noqa: BLE001 - a file safetensors cannot read (SafetensorError) counts nothing
             continue
-        for name, meta in header.items():
-            if name != "__metadata__":
-                count = 1
-                for dim in meta.get("shape", []):
-                    count *= dim
-                params += count
     return ModelShape(params, layers, hidden)
 
 

@@ -135,7 +135,7 @@ def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
     """Recompute each decoder layer's activations in backward: all of them ("full"), or all but
     the matmul / attention outputs ("selective": most of the memory saving at a fraction of the cost).
 
-    It only replaces each layer's `forward`, so the trainer's sizing (loop.py `TokenBudget`) can turn
+    It only replaces each layer's `forward`, so the trainer's sizing (budget.py `TokenBudget`) can turn
     it on after FSDP2 has wrapped the model: FSDP's hooks run around the call either way (a compiled
     layer recompiles once)."""
     if mode == "none":

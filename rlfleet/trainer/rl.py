@@ -65,7 +65,7 @@ class ControllerBatches:
         self.manifest, micro = load_micro_batches(self.store, step)
         norm = step_norm(self.manifest, self.cfg.loss.normalizer)
         objective = PolicyLoss(self.cfg.loss, norm, self.manifest.get("temperature", 1.0), self.ref)
-        # packed rows: a GPU trainer regroups them into micro-batches by tokens (loop.py TokenBudget)
+        # packed rows: a GPU trainer regroups them into micro-batches by tokens (budget.py TokenBudget)
         return Batch(micro, objective, self.manifest["cursor"], by_tokens=bool(self.manifest.get("seq_len")))
 
     def publish(self, step: int, policy: Policy) -> dict[str, Any]:

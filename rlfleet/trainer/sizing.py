@@ -1,7 +1,7 @@
 """How many tokens a GPU trainer's micro-batch may hold: the arithmetic, kept free of torch.
 
 A GPU trainer's micro-batch is whole packed rows (rlfleet/batches.py) totalling at most
-`trainer.micro_batch_tokens`; unset, the trainer measures at its first batch (loop.py `TokenBudget`)
+`trainer.micro_batch_tokens`; unset, the trainer measures at its first batch (budget.py `TokenBudget`)
 what one row of the batch's width costs and how much memory it finds free beside vLLM, and
 `size_micro_batch` turns that into rows. Before anything starts, placement (config/placement.py)
 refuses a micro-batch that `least_step_bytes` says cannot fit even with activation checkpointing.
