@@ -12,6 +12,8 @@ from rlfleet.config.base import NonEmptyStr, Strict
 
 
 class DeploymentConfig(Strict):
+    """One node: inference takes the first visible GPUs, the trainer the next; one GPU is shared."""
+
     type: Literal["single_node"] = "single_node"
     num_inference_gpus: int = Field(0, ge=0, description="0 = CPU inference.")
     num_train_gpus: int = Field(0, ge=0, description="0 = CPU trainer.")
@@ -60,10 +62,10 @@ _SLURM_TIME = re.compile(
 class SlurmConfig(Strict):
     """`[slurm]`: render an sbatch script, write it with the resolved configs, submit it."""
 
-    job_name: NonEmptyStr = "rlfleet"
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
+    job_name: NonEmptyStr = Field("rlfleet", description="sbatch --job-name.")
+    partition: str | None = Field(None, description="sbatch --partition; unset = the cluster's default.")
+    account: str | None = Field(None, description="sbatch --account.")
+    qos: str | None = Field(None, description="sbatch --qos.")
     time: str = Field("01:00:00", description="sbatch --time: MM, HH:MM:SS, D-HH[:MM[:SS]].")
     template_path: str | None = Field(
         None,

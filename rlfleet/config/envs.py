@@ -16,9 +16,12 @@ from rlfleet.config.base import NonEmptyStr, Strict
 
 
 class RepeatArgs(Strict):
-    alphabet: NonEmptyStr = "abcdefgh"
-    min_len: int = Field(4, ge=1)
-    max_len: int = Field(8, ge=1)
+    """The built-in toy task: the prompt is one letter written min_len..max_len times; the reward is
+    the fraction of the completion's characters that are that letter."""
+
+    alphabet: NonEmptyStr = Field("abcdefgh", description="The letters prompts are drawn from.")
+    min_len: int = Field(4, ge=1, description="Shortest prompt, in letters.")
+    max_len: int = Field(8, ge=1, description="Longest prompt, in letters.")
     per: Literal["max_tokens", "completion"] = Field(
         "max_tokens",
         description="The reward's denominator: max_tokens (longer completions score higher) or the "
@@ -33,8 +36,10 @@ class RepeatArgs(Strict):
 
 
 class RewardFnConfig(Strict):
+    """One reward function; a bare string in `rewards` is `{fn = "..."}`."""
+
     fn: NonEmptyStr = Field(description="`path/to/file.py:name` or `package.module:name`.")
-    weight: float = 1.0
+    weight: float = Field(1.0, description="Its weight in the sample's reward (0 = logged only).")
 
 
 class PythonArgs(Strict):
@@ -44,14 +49,20 @@ class PythonArgs(Strict):
         description="A .jsonl/.json/.parquet file, a directory saved by `datasets`, or a hub dataset id."
     )
     split: str = Field("train", description="Split of a hub id or a DatasetDict directory.")
-    prompt_column: NonEmptyStr = "prompt"
+    prompt_column: NonEmptyStr = Field(
+        "prompt", description="A string, or chat messages `[{role, content}, ...]`."
+    )
     answer_column: str | None = Field("answer", description="None: the task has no reference answer.")
-    system_prompt: str | None = None
+    system_prompt: str | None = Field(None, description="Put before each prompt as a system message.")
     chat: bool = Field(True, description="Render prompts with the chat template; False: raw text.")
-    rewards: list[RewardFnConfig] = Field(min_length=1)
+    rewards: list[RewardFnConfig] = Field(
+        min_length=1, description="The reward functions; the sample's reward is their weighted sum."
+    )
     reward_timeout_s: float = Field(10.0, gt=0, description="Per reward function call.")
     tools: list[NonEmptyStr] = Field(default_factory=list, description="`file.py:fn` tool functions.")
-    tool_timeout_s: float = Field(10.0, gt=0)
+    tool_timeout_s: float = Field(
+        10.0, gt=0, description="Per tool call; a timeout goes back to the model as the tool's error."
+    )
     env_response: str | None = Field(
         None, description="`file.py:fn`: the environment's reply after each model turn (None = done)."
     )
@@ -79,9 +90,9 @@ class VerifiersArgs(Strict):
 
     module: NonEmptyStr = Field(description="Importable module (or file.py) exposing `load_taskset`.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to `load_taskset(**kwargs)`.")
-    max_turns: int = Field(8, ge=1)
-    reward_timeout_s: float = Field(30.0, gt=0)
-    tool_timeout_s: float = Field(30.0, gt=0)
+    max_turns: int = Field(8, ge=1, description="Model turns per rollout.")
+    reward_timeout_s: float = Field(30.0, gt=0, description="Per `Task.score` call.")
+    tool_timeout_s: float = Field(30.0, gt=0, description="Per tool call.")
 
 
 class ReasoningGymDataset(Strict):
@@ -115,7 +126,7 @@ class _EnvBase(Strict):
 
 class RepeatEnvConfig(_EnvBase):
     type: Literal["repeat"] = "repeat"
-    args: RepeatArgs = Field(default_factory=RepeatArgs)
+    args: RepeatArgs = Field(default_factory=RepeatArgs, description="The toy task's letters and lengths.")
 
 
 class PythonEnvConfig(_EnvBase):
@@ -142,8 +153,10 @@ EnvConfig = Annotated[
 class EvalEnvKeys(Strict):
     """What an eval env adds: how many examples and rollouts (default: `[eval]`'s)."""
 
-    num_examples: int | None = Field(None, ge=1)
-    rollouts_per_example: int | None = Field(None, ge=1)
+    num_examples: int | None = Field(None, ge=1, description="Examples evaluated; unset = eval.num_examples.")
+    rollouts_per_example: int | None = Field(
+        None, ge=1, description="Rollouts per example (k of pass@k); unset = eval.rollouts_per_example."
+    )
 
 
 class RepeatEvalEnv(RepeatEnvConfig, EvalEnvKeys):

@@ -46,7 +46,7 @@ class LossConfig(Strict):
 
     type: str = Field(
         "grpo",
-        description=f"{' | '.join(BUILTIN_LOSSES)} | `path/file.py:fn` (a per-token loss, see README).",
+        description=f"{' | '.join(BUILTIN_LOSSES)} | `path/file.py:fn` (a per-token loss: docs/algorithms.md).",
     )
     clip_low: float | None = Field(None, ge=0.0, le=1.0, description="Unset: the type's (CLIP_DEFAULTS).")
     clip_high: float | None = Field(None, ge=0.0, description="Unset: the type's (CLIP_DEFAULTS).")
@@ -72,7 +72,9 @@ class LossConfig(Strict):
     kl_coef: float = Field(
         0.0, ge=0.0, description="KL penalty to the initial weights; > 0 loads a frozen copy."
     )
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="k1: the log ratio; k2: its square / 2; k3: GRPO's, unbiased and non-negative."
+    )
     entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus: loss -= coef x entropy.")
     is_correction: ISCorrection = Field(
         "none",

@@ -29,16 +29,27 @@ from rlfleet.config.weights import WeightsConfig, check_transport
 
 
 class ModelConfig(Strict):
-    path: NonEmptyStr = Field(description="Local HF model directory (config.json, safetensors, tokenizer).")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The policy: what the trainer trains and vLLM serves."""
+
+    path: NonEmptyStr = Field(
+        description="A local HF model directory (config.json, safetensors, tokenizer) or a hub id "
+        "(`org/name`, `org/name@revision`), resolved to its local snapshot at preflight."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="The trainer's weights (and optimizer masters); vLLM's on a CPU."
+    )
 
 
 class InferenceConfig(Strict):
-    host: str = "127.0.0.1"
+    """The vLLM replicas (rlfleet/inference/): one OpenAI-compatible server per replica."""
+
+    host: str = Field("127.0.0.1", description="Address the replicas bind to and are reached at.")
     port: int = Field(8000, ge=1024, le=65535, description="Port of replica 0; replica i uses port + i.")
-    num_replicas: int = Field(1, ge=1)
-    tensor_parallel_size: int = Field(1, ge=1)
-    max_model_len: int = Field(512, ge=16)
+    num_replicas: int = Field(1, ge=1, description="vLLM servers (data parallel); each on its own GPUs.")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per replica (vLLM's tensor parallelism).")
+    max_model_len: int = Field(
+        512, ge=16, description="vLLM's context length: prompt and every turn of a rollout must fit."
+    )
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="vLLM's dtype; unset = bfloat16 on a GPU, model.dtype on a CPU."
     )
@@ -67,11 +78,15 @@ class InferenceConfig(Strict):
         description="Colocated: vLLM frees its GPU memory (weights and KV cache) while the trainer steps "
         "and wakes to load the new weights; needs one GPU shared with the trainer and max_async_level = 0.",
     )
-    startup_timeout_s: float = Field(600.0, gt=0)
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="How long a replica may take to report healthy."
+    )
     stream_interval: int = Field(
         16, ge=1, description="vLLM streams a request's tokens in chunks of this many (--stream-interval)."
     )
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: list[str] = Field(
+        default_factory=list, description="More command-line arguments for each vLLM server, appended last."
+    )
     urls: list[str] = Field(
         default_factory=list,
         description="Externally started replicas (a SLURM job's inference nodes): used, never launched.",
@@ -90,17 +105,24 @@ class InferenceConfig(Strict):
 
 
 class TrainerConfig(Strict):
-    lr: float = Field(3e-3, gt=0.0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.99)
-    lr_schedule: LRScheduleConfig = Field(default_factory=LRScheduleConfig)
-    max_grad_norm: float = Field(1.0, gt=0.0)
+    """The long-lived trainer (rlfleet/trainer/): optimizer, checkpoints and its GPU scale; SFT uses it too."""
+
+    lr: float = Field(3e-3, gt=0.0, description="AdamW's peak learning rate (see lr_schedule).")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW's decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW's (beta1, beta2), each in [0, 1).")
+    lr_schedule: LRScheduleConfig = Field(
+        default_factory=LRScheduleConfig,
+        description='Warm-up and decay of lr; `lr_schedule = "cosine"` is shorthand for its `decay`.',
+    )
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradients are clipped to this global norm.")
     checkpoint_interval: int = Field(5, ge=1, description="Checkpoint every k steps (and the last).")
     keep_weights: int = Field(3, ge=1, description="Weight snapshots kept for broadcast.")
     keep_checkpoints: int = Field(
         0, ge=0, description="Checkpoints kept (0 = all); the one a resume would use is never deleted."
     )
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto = cuda when a GPU is visible to the trainer, else cpu."
+    )
     num_threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch's default.")
     cpu_affinity: list[int] = Field(
         default_factory=list, description="CPUs the trainer process runs on (sched_setaffinity); empty = any."
@@ -148,36 +170,48 @@ class TrainerConfig(Strict):
 
 
 class TaskPolicy(Strict):
-    retries: int = Field(2, ge=0)
-    retry_delay_s: float = Field(2.0, ge=0)
+    """`[tasks]`: every Prefect task of a run retries transient failures (a dead trainer or replica,
+    a timeout, HTTP 5xx); deterministic ones (bad config, HTTP 4xx, OOM twice) fail the run at once."""
+
+    retries: int = Field(2, ge=0, description="Retries of a task after a transient failure.")
+    retry_delay_s: float = Field(2.0, ge=0, description="Seconds before each retry.")
     step_timeout_s: float = Field(900.0, gt=0, description="Timeout of one task of a step.")
 
 
 class WandbConfig(Strict):
-    mode: Literal["offline", "online", "disabled", "auto"] = "auto"
-    project: str = "rlfleet"
+    """Weights & Biases logging, under `<output_dir>/wandb/`."""
+
+    mode: Literal["offline", "online", "disabled", "auto"] = Field(
+        "auto", description="auto = online when WANDB_API_KEY is set, else offline."
+    )
+    project: str = Field("rlfleet", description="The wandb project.")
 
 
 class _RunBase(Strict):
-    output_dir: NonEmptyStr = "outputs/run"
-    seed: int = 0
-    max_steps: int = Field(20, ge=1)
+    output_dir: NonEmptyStr = Field(
+        "outputs/run",
+        description="The run store: a local path or `s3://bucket/prefix`; the same one again resumes the run.",
+    )
+    seed: int = Field(0, description="Seeds the prompts' order, vLLM and the trainer.")
+    max_steps: int = Field(20, ge=1, description="Optimizer steps of the run.")
     model: ModelConfig
 
 
 class BenchConfig(Strict):
     """`rlfleet trainer --bench`: fake batches through the real train step, no store, no vLLM."""
 
-    enabled: bool = False
-    warmup_steps: int = Field(2, ge=0)
-    steps: int = Field(5, ge=1)
-    seq_len: int = Field(4096, ge=2)
+    enabled: bool = Field(False, description="Run the benchmark instead of training (`--bench` sets it).")
+    warmup_steps: int = Field(2, ge=0, description="Steps run first and not measured (compile, allocator).")
+    steps: int = Field(5, ge=1, description="Measured steps.")
+    seq_len: int = Field(4096, ge=2, description="Tokens per fake sequence.")
     micro_batch_size: int = Field(1, ge=1, description="Sequences per micro-batch (per rank).")
     micro_batches: int = Field(4, ge=1, description="Micro-batches per optimizer step (per rank).")
-    output_json: str | None = None
+    output_json: str | None = Field(None, description="Also write the results to this JSON file.")
 
 
 class TrainerJobConfig(_RunBase, WithLoss):
+    """What one trainer process needs; the `rl` flow writes it as `configs/trainer.toml`."""
+
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     inference: InferenceConfig = Field(
@@ -188,14 +222,18 @@ class TrainerJobConfig(_RunBase, WithLoss):
 
 
 class InferenceJobConfig(Strict):
-    output_dir: str = "outputs/run"
-    seed: int = 0
+    """What the vLLM replicas of a run need; the `rl` flow writes it as `configs/inference.toml`."""
+
+    output_dir: str = Field("outputs/run", description="The run store (logs, pidfiles, weights to load).")
+    seed: int = Field(0, description="vLLM's seed.")
     model: ModelConfig
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     gpu_ids: list[str] = Field(default_factory=list, description="CUDA devices, tp per replica; empty = CPU.")
-    deployment: Deployment = Field(default_factory=DeploymentConfig)
-    slurm: SlurmConfig | None = None
+    deployment: Deployment = Field(
+        default_factory=DeploymentConfig, description="`multi_node`: the inference nodes of a SLURM job."
+    )
+    slurm: SlurmConfig | None = Field(None, description="Submit the replicas as a SLURM job.")
 
     @property
     def num_gpus(self) -> int:
@@ -215,24 +253,33 @@ class InferenceJobConfig(Strict):
 class EvalJobConfig(Strict):
     """The `eval` flow: a checkpoint of the run in `output_dir` (or the base model) on its own vLLM."""
 
-    output_dir: str = "outputs/run"
-    seed: int = 0
+    output_dir: str = Field(
+        "outputs/run", description="The run whose checkpoint is evaluated; results go to its evals/."
+    )
+    seed: int = Field(0, description="Seeds sampling.")
     model: ModelConfig
     checkpoint: Literal["latest", "base"] | int = Field(
         "latest", description="A step, latest, or base model."
     )
     eval: EvalConfig = Field(default_factory=EvalConfig)
-    inference: InferenceConfig = Field(default_factory=lambda: InferenceConfig(port=8300))
+    inference: InferenceConfig = Field(
+        default_factory=lambda: InferenceConfig(port=8300), description="The eval's own vLLM (port 8300)."
+    )
 
 
 class _FlowRunBase(_RunBase):
     """What an `rl` and an `sft` run share: a name, the trainer, task retries, placement, SLURM."""
 
-    run_name: str | None = None
+    run_name: str | None = Field(None, description="The flow run's name; unset = output_dir's last part.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     tasks: TaskPolicy = Field(default_factory=TaskPolicy)
-    deployment: Deployment = Field(default_factory=DeploymentConfig)
-    slurm: SlurmConfig | None = None
+    deployment: Deployment = Field(
+        default_factory=DeploymentConfig,
+        description="Where the processes run: GPUs of one node (`single_node`), or a SLURM job's nodes (`multi_node`).",
+    )
+    slurm: SlurmConfig | None = Field(
+        None, description="Run as a SLURM job: render, write and submit an sbatch script."
+    )
 
     @property
     def name(self) -> str:
@@ -310,6 +357,8 @@ class RLConfig(_FlowRunBase, WithLoss):
 
 
 class SFTDataConfig(Strict):
+    """`[data]`: one example per row of a local file."""
+
     path: NonEmptyStr = Field(description="Local .jsonl or .parquet file.")
     format: Literal["auto", "chat", "prompt_completion"] = Field(
         "auto",

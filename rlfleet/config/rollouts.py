@@ -11,14 +11,18 @@ from rlfleet.config.shaping import ShapingConfig
 
 
 class OrchestratorConfig(Strict):
+    """What each step samples and how it becomes batches: envs, batch shape, staleness bounds."""
+
     env: EnvList = Field(
         default_factory=lambda: [RepeatEnvConfig()],
         description='The training tasks ([[orchestrator.env]]); `env = "repeat"` is shorthand.',
     )
     batch_size: int = Field(16, ge=1, description="Prompts per step.")
     group_size: int = Field(8, ge=2, description="Samples per prompt (GRPO group).")
-    max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, gt=0.0)
+    max_tokens: int = Field(16, ge=1, description="Tokens the model may sample per turn.")
+    temperature: float = Field(
+        1.0, gt=0.0, description="Sampling temperature (vLLM's logprobs are taken after it)."
+    )
     micro_batch_size: int | None = Field(
         None,
         ge=1,
@@ -91,7 +95,7 @@ class EvalConfig(Strict):
     )
     num_examples: int = Field(64, ge=1, description="Default for envs that do not set their own.")
     rollouts_per_example: int = Field(1, ge=1, description="Default k of pass@k.")
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: int = Field(16, ge=1, description="Tokens the model may sample per turn.")
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
     interval: int = Field(0, ge=0, description="In an RL run: evaluate every k steps; 0 = never.")
     before_training: bool = Field(

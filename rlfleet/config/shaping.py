@@ -16,6 +16,8 @@ from rlfleet.config.base import Strict
 
 
 class ShapingConfig(Strict):
+    """Which groups and samples a step trains on (DAPO's batch shaping); off by default."""
+
     dynamic_sampling: bool = Field(
         False,
         description="Groups whose rewards all equal are held aside and replaced by new prompts "
