@@ -53,10 +53,10 @@ test: $(STAMP) slurm docs-build
 # The docs site: its configuration reference is written from the pydantic models at build time
 # (docs/hooks/config_reference.py); --strict fails on a broken link or a config field without a description.
 docs-build: $(STAMP)
-	$(PY) -m mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 docs: $(STAMP)
-	$(PY) -m mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rlfleet tests && $(VENV)/bin/ruff format --check rlfleet tests
