@@ -1,0 +1,256 @@
+"""Write the headline table of BENCHMARKS.md (and of the docs' benchmarks page) from benchmarks/results/.
+
+    python benchmarks/summarize.py            # rewrite the tables between the markers
+    python benchmarks/summarize.py --check    # exit 1 if either is stale (tests/test_benchmarks_summary.py)
+
+Each headline below names the result files it reads; the value, the peer's value, the ratio, the
+date and the machine come from those files (a file that lacks a date or a machine names the
+headline's own), so a new result changes the table only through its JSON. Learning runs are read
+generically from `learning_vs_trl_h200/summary.json`: one row per rlfleet group that it holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+TARGETS = {  # file -> where its links start, relative to docs/
+    ROOT / "BENCHMARKS.md": "docs/",
+    ROOT / "docs" / "benchmarks" / "index.md": "../",
+}
+START, END = "<!-- --8<-- [start:summary] -->", "<!-- --8<-- [end:summary] -->"
+
+
+@dataclass
+class Row:
+    headline: str
+    value: str
+    peer: str
+    ratio: str
+    date: str
+    machine: str
+    command: str
+    page: str  # the page under docs/ that tells more, with its anchor
+
+
+def load(rel: str) -> dict[str, Any]:
+    return json.loads((RESULTS / rel).read_text())
+
+
+def machine(env: dict[str, Any] | None, fallback: str = "") -> str:
+    if not env:
+        return fallback
+    if isinstance(env.get("machine"), str) and " " in env["machine"]:  # a described machine
+        return env["machine"]
+    gpu = (env.get("gpu") or "").replace("NVIDIA ", "").replace(" 80GB HBM3", "")
+    cpus = env.get("cpus")
+    if gpu:
+        return f"1x {gpu}" + (f", {cpus} CPUs" if cpus else "")
+    return f"{cpus}-core CPU" if cpus else fallback
+
+
+def date(doc: dict[str, Any], fallback: str = "") -> str:
+    d = doc.get("date") or (doc.get("env") or {}).get("date") or fallback
+    return d.split(" ")[0]
+
+
+def ratio(x: float) -> str:
+    return f"**{x:.2f}x**"
+
+
+def command(argv: Any) -> str:
+    """A recorded command line, its output path elided (it named the GPU host's disk)."""
+    if isinstance(argv, str):
+        return argv
+    args = list(argv)
+    if "--out" in args:
+        args[args.index("--out") + 1] = "..."
+    return shlex.join(["python", *args] if args[0].endswith(".py") else args)
+
+
+# --- headlines --------------------------------------------------------------------------------
+
+
+def long_tail() -> list[Row]:
+    """Job (a): a long-tailed GRPO job (0.5B shape, max_tokens 4096), trained tokens/s against TRL
+    GRPOTrainer with colocated vLLM, same host and session."""
+    trl = load("long_tail_h200_05b_peak_trl.json")
+    peer = trl["results"]["trl"]["gen_tokens_per_s"]
+    rows = []
+    for variant in ("cuda_ipc", "filesystem"):
+        doc = load(f"long_tail_h200_05b_{variant}.json")
+        r = doc["results"][variant]
+        rows.append(
+            Row(
+                f"Long-tail GRPO job, trained tokens/s (0.5B shape, max_tokens 4096, k = 1, {variant})",
+                f"{r['gen_tokens_per_s']:,.0f}",
+                f"TRL 1.16 GRPOTrainer: {peer:,.0f}",
+                ratio(r["gen_tokens_per_s"] / peer),
+                date(doc),
+                machine(doc["env"]),
+                "python benchmarks/long_tail.py --device cuda --shape 05b --steps 20 --only rlfleet --no-peak "
+                f'--eos-rate 0.002 --trainer.lr 1e-7 --variants "{doc["config"]["variants"]}"',
+                "benchmarks/long-generations.md#job-a-20-steps-per-transport-against-trl-and-job-b-on-the-gpu-2026-11-26",
+            )
+        )
+    return rows
+
+
+def learning_vs_trl() -> list[Row]:
+    """SmolLM2-135M-Instruct on one-digit addition: training seconds until rlfleet's greedy eval
+    pass@1 reaches TRL's final one, against TRL's own; every rlfleet group in summary.json."""
+    summary = load("learning_vs_trl_h200/summary.json")
+    runs = [load(str(Path(f).relative_to("benchmarks/results"))) for f in summary["files"]]
+    trl = summary["groups"].get("trl/sync")
+    rows = []
+    for name, g in summary["groups"].items():
+        if name.startswith("trl/"):
+            continue
+        framework, variant = name.split("/", 1)
+        mine = [r for r in runs if r.get("framework") == framework and r.get("variant") == variant]
+        first = mine[0] if mine else {}
+        seeds = len(g.get("seeds", []))
+        target = summary["trl_final_pass@1"]
+        peer = f"TRL 1.16 GRPOTrainer: {trl['to_trl_final_train_wall_s']:.1f} s" if trl else ""
+        rows.append(
+            Row(
+                f"SmolLM2-135M, one-digit addition: training s to TRL's final pass@1 "
+                f"({summary['base_pass@1']:.2f} -> {target:.2f}), rlfleet {variant}, "
+                f"{seeds} seed{'s' if seeds != 1 else ''}",
+                f"{g['to_trl_final_train_wall_s']:.1f} s (step {g['to_trl_final_step']:.0f}; "
+                f"final pass@1 {g['final_pass@1']:.2f})",
+                peer,
+                ratio(g["trl_over_rlfleet_train_wall_s"]) if "trl_over_rlfleet_train_wall_s" in g else "",
+                date(first),
+                machine(first.get("env")),
+                command(first.get("command", "bash benchmarks/learning_vs_trl_gpu.sh one_seed")),
+                "benchmarks/learning.md#learning-against-trl-a-real-model-on-a-real-task-issue-40-benchmarkslearning_vs_trlpy",
+            )
+        )
+    return rows
+
+
+def smollm2_cpu() -> list[Row]:
+    """The SmolLM2 example on a 2-core CPU box: greedy eval pass@1 before and after 20 steps."""
+    doc = load("smollm2_cpu_2core.json")
+    evals = doc["evals"]
+    last = max((k for k in evals if k.startswith("step_")), key=lambda k: int(k.split("_")[1]))
+    return [
+        Row(
+            f"SmolLM2-135M on a CPU box: eval pass@1 (100 held-out, greedy) after {int(last.split('_')[1]) + 1} steps",
+            f"{evals['base']['pass@1']:.2f} -> {evals[last]['pass@1']:.2f}",
+            "",
+            "",
+            date(doc),
+            doc["machine"],
+            command(doc["command"]),
+            "real-model.md",
+        )
+    ]
+
+
+def trainer_mfu() -> list[Row]:
+    """The trainer's step against plain transformers on the same host (1.5B shape, seq 4096)."""
+    doc = load("trainer_mfu_h100_mbs4x4.json")
+    by = {(r["shape"], r["impl"]): r for r in doc["results"]}
+    mine, plain = by[("1.5b", "rlfleet")], by[("1.5b", "plain transformers")]
+    return [
+        Row(
+            "Trainer MFU, 1.5B shape, 4 x 4096-token rows per micro-batch",
+            f"{mine['mfu']:.1%} ({mine['tokens_per_second']:,.0f} tokens/s)",
+            f"plain transformers: {plain['mfu']:.1%}",
+            ratio(mine["tokens_per_second"] / plain["tokens_per_second"]),
+            date(doc, "2026-11-23"),
+            machine(doc["env"]),
+            "python benchmarks/trainer_mfu.py --shapes 1.5b,0.5b --micro-batch-size 4 --micro-batches 4 "
+            "--plain-micro-batch-size 2 --variants fast --warmup 2 --steps 5 --out ...",
+            "benchmarks/trainer.md#one-host-sync-per-step-lm-head-chunk-8192-4-micro-batches-per-step-2026-11-23-h100",
+        )
+    ]
+
+
+def cpu_tiny_vs_trl() -> list[Row]:
+    """The tiny CPU job (make run's) against TRL GRPOTrainer (HF generate), both in one run of the
+    script: the newest `vs_trl_cpu_2core*.json`."""
+    docs = [load(p.name) for p in RESULTS.glob("vs_trl_cpu_2core*.json")]
+    doc = max(docs, key=lambda d: d["env"]["date"])
+    mine, trl = doc["results"]["rlfleet"], doc["results"]["trl"]
+    return [
+        Row(
+            f"Tiny CPU job (make run's, {mine['steps']} steps): wall seconds, start-up included",
+            f"{mine['wall_s']:.1f} s",
+            f"TRL 1.16 GRPOTrainer (HF generate): {trl['wall_s']:.1f} s",
+            ratio(trl["wall_s"] / mine["wall_s"]),
+            date(doc),
+            machine(doc["env"]),
+            "python benchmarks/vs_trl.py --out ...",
+            "benchmarks/cpu.md#what-the-cpu-jobs-step-loop-and-ends-were-waiting-on-2026-11-26-e030fbc-head",
+        )
+    ]
+
+
+HEADLINES: list[Callable[[], list[Row]]] = [
+    long_tail,
+    learning_vs_trl,
+    smollm2_cpu,
+    trainer_mfu,
+    cpu_tiny_vs_trl,
+]
+
+
+def table(pages: str) -> str:
+    rows = [r for h in HEADLINES for r in h()]
+    out = [
+        "| headline | rlfleet | peer | rlfleet / peer | date | machine | command | details |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        link = f"[{r.page.split('#')[0].removesuffix('.md')}]({pages}{r.page})"
+        cmd = r.command.replace("|", "\\|")
+        out.append(
+            f"| {r.headline} | {r.value} | {r.peer or '-'} | {r.ratio or '-'} | {r.date} | {r.machine} | "
+            f"`{cmd}` | {link} |"
+        )
+    note = (
+        "\nThe ratio is speed (tokens/s, MFU) or time-to-result (peer seconds / rlfleet seconds): above 1 "
+        "rlfleet is ahead. Written by `python benchmarks/summarize.py` from `benchmarks/results/`.\n"
+    )
+    return "\n".join(out) + "\n" + note
+
+
+def render(path: Path, pages: str) -> str:
+    text = path.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"{path}: no {START} ... {END} markers")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{table(pages)}{END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="fail if a table is stale; write nothing")
+    a = p.parse_args(argv)
+    stale = []
+    for path, pages in TARGETS.items():
+        new = render(path, pages)
+        if new != path.read_text():
+            stale.append(path)
+            if not a.check:
+                path.write_text(new)
+    for path in stale:
+        verb = "is stale: run python benchmarks/summarize.py" if a.check else "rewritten"
+        print(f"{path.relative_to(ROOT)} {verb}", file=sys.stderr)
+    return 1 if a.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
