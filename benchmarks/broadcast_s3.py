@@ -143,7 +143,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"env": env, "results": results}, indent=2))
+    Path(a.out).write_text(json.dumps({"env": env, "results": results}, separators=(",", ":")))
 
 
 if __name__ == "__main__":

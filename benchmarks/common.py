@@ -76,7 +76,7 @@ def machine() -> dict[str, Any]:
 
 def write(out: str, results: dict[str, Any]) -> None:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps({"env": machine(), "results": results}, indent=2, default=str))
+    Path(out).write_text(json.dumps({"env": machine(), "results": results}, separators=(",", ":"), default=str))
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:

@@ -148,7 +148,7 @@ def main() -> None:
         "config": {"device": a.device, "shape": shape, "concurrency": c, "max_tokens": tokens, "engine": kw},
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(doc | {"results": result}, indent=2, default=str))
+    Path(a.out).write_text(json.dumps(doc | {"results": result}, separators=(",", ":"), default=str))
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def main() -> None:
                 ),
                 flush=True,
             )
-    Path(a.out).write_text(json.dumps(res, indent=2))
+    Path(a.out).write_text(json.dumps(res, separators=(",", ":")))
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def plot(files: list[str], png: str | None, summary_path: str | None) -> None:
             groups.setdefault((d["framework"], d["variant"]), []).append(d | {"curve": curve})
     summary = {"files": files} | summarize(groups, shared)
     if summary_path:
-        Path(summary_path).write_text(json.dumps(summary, indent=2))
+        Path(summary_path).write_text(json.dumps(summary, separators=(",", ":")))
     print(json.dumps(summary, indent=2))
     if not png:
         return

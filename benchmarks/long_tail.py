@@ -334,7 +334,7 @@ def save_partial(out: str, env: dict[str, Any], results: dict[str, Any]) -> None
     """What the runs so far measured, beside `out` (a run cut off by a time limit keeps them)."""
     path = Path(out).with_suffix(".partial.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"env": env, "results": results}, indent=2, default=str))
+    path.write_text(json.dumps({"env": env, "results": results}, separators=(",", ":"), default=str))
 
 
 def run_config(
@@ -360,7 +360,7 @@ def write_doc(out: str, env: dict[str, Any], config: dict[str, Any], results: di
 
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     doc = {"env": machine() | env | versions(), "config": config, "results": results}
-    Path(out).write_text(json.dumps(doc, indent=2, default=str))
+    Path(out).write_text(json.dumps(doc, separators=(",", ":"), default=str))
 
 
 def write_job(

@@ -189,9 +189,9 @@ def main() -> None:
                 )
                 results.append({"shape": shape, **r})
                 Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-                Path(a.out).write_text(json.dumps(results, indent=2))
+                Path(a.out).write_text(json.dumps(results, separators=(",", ":")))
     env = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}
-    Path(a.out).write_text(json.dumps({"env": env, "results": results}, indent=2))
+    Path(a.out).write_text(json.dumps({"env": env, "results": results}, separators=(",", ":")))
     print(f"{'shape':6} {'impl':20} {'tok/s':>9} {'MFU':>6} {'peak GiB':>9} {'ratio':>6}  args")
     for shape in a.shapes.split(","):
         rows = [r for r in results if r["shape"] == shape and "error" not in r]

@@ -131,7 +131,7 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"env": env, "results": results}, indent=2))
+    Path(a.out).write_text(json.dumps({"env": env, "results": results}, separators=(",", ":")))
     print(json.dumps(results, indent=2))
 
 

@@ -338,7 +338,7 @@ def main() -> None:
         "results": results,
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(doc, indent=2, default=str))
+    Path(a.out).write_text(json.dumps(doc, separators=(",", ":"), default=str))
     rows = [[n, *(results[n][k] for k in COLS)] for n in ("rlfleet", "trl") if n in results]
     table(
         f"rlfleet vs TRL GRPOTrainer: {a.shape} on {a.device}, {cfg.max_steps} steps",
