@@ -2,8 +2,8 @@
 samples) against the same engine behind rlfleet's server (`long_tail.engine_peak`), same model,
 same engine arguments, C sequences of `max_tokens` each (`ignore_eos`).
 
-On one H100 the 0.5B shape's server peaked at 5.2k tokens/s at C = 256 (BENCHMARKS.md, long
-generations), a quarter of what its decode step cost predicts: this tells the engine from the
+On one H100 the 0.5B shape's server peaked at 5.2k tokens/s at C = 256 (docs/benchmarks/long-generations.md),
+a quarter of what its decode step cost predicts: this tells the engine from the
 serving path. Offline variants: the sampled token's logprob (as rlfleet asks) or none; server
 variants: long_tail.PEAK_VARIANTS. The offline engine runs in a child process that ends before
 the server starts (one GPU, one engine at a time).

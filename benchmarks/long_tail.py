@@ -206,7 +206,7 @@ def prepare_model(tmp: Path, shape: dict[str, Any], max_model_len: int, max_toke
 # as one request; generate: the same endpoint answered whole; completions*: the OpenAI completions
 # endpoint the sampler used before 82e88c1, whole or streamed (the sampler's way then), with or
 # without the logprob. The server's detokenizer and per-token logprob objects, not the engine, were
-# the ceiling on an H100 (BENCHMARKS.md, the serving path): these tell its parts apart.
+# the ceiling on an H100 (docs/benchmarks/long-generations.md, the serving path): these tell its parts apart.
 PEAK_VARIANTS = {
     "as_sent": {"n": 1, "logprobs": True, "stream": True, "endpoint": "generate"},
     "n8": {"n": 8, "logprobs": True, "stream": True, "endpoint": "generate"},

@@ -10,7 +10,7 @@ rotating order so drift hits all alike:
   token_text:     logprob entries named by their decoded text (the sampler sent this until 2026-11-24)
   one_token:      `max_tokens: 1` (prefill and the serving path's fixed cost, no decoding)
   one_request:    the 32 prompts as one request (what 32 HTTP requests cost over one)
-Medians of `--reps`; `py-spy record` on the server and its engine core (see BENCHMARKS.md) says
+Medians of `--reps`; `py-spy record` on the server and its engine core (see docs/benchmarks/gpu-loop.md) says
 where inside vLLM the time goes.
 
     python benchmarks/sampling_cost.py --reps 8 --out benchmarks/results/sampling_cost_cpu_2core.json
