@@ -75,6 +75,7 @@ class Walk:
     sections: list[Section] = field(default_factory=list)
     documented: dict[type, str] = field(default_factory=dict)  # model class -> anchor
     missing: list[str] = field(default_factory=list)  # "module.Class.field"
+    labels: dict[type, str] = field(default_factory=dict)  # a union member's link text: its tag
 
 
 def _strip(tp: Any) -> Any:
@@ -109,7 +110,7 @@ def _tag(model: type[BaseModel]) -> str | None:
     return None
 
 
-def _type_str(tp: Any, links: dict[type, str]) -> str:
+def _type_str(tp: Any, links: dict[type, str], labels: dict[type, str]) -> str:
     tp = _strip(tp)
     origin = typing.get_origin(tp)
     if tp is type(None):
@@ -117,16 +118,16 @@ def _type_str(tp: Any, links: dict[type, str]) -> str:
     if origin is Literal:
         return " \\| ".join(f"`{json.dumps(a)}`" for a in typing.get_args(tp))
     if origin in (typing.Union, types.UnionType):
-        return " \\| ".join(_type_str(a, links) for a in typing.get_args(tp))
+        return " \\| ".join(_type_str(a, links, labels) for a in typing.get_args(tp))
     if origin is list:
-        return f"list of {_type_str(typing.get_args(tp)[0], links)}"
+        return f"list of {_type_str(typing.get_args(tp)[0], links, labels)}"
     if origin is tuple:
-        return "[" + ", ".join(_type_str(a, links) for a in typing.get_args(tp)) + "]"
+        return "[" + ", ".join(_type_str(a, links, labels) for a in typing.get_args(tp)) + "]"
     if origin is dict:
         return "table"
     if inspect.isclass(tp) and issubclass(tp, BaseModel):
-        anchor = links.get(tp)
-        return f"[table](#{anchor})" if anchor else "table"
+        anchor, text = links.get(tp), labels.get(tp, "table")
+        return f"[{text}](#{anchor})" if anchor else text
     if tp is typing.Any:
         return "any"
     return f"`{getattr(tp, '__name__', str(tp))}`"
@@ -140,11 +141,7 @@ def _toml(value: Any) -> str:
     if isinstance(value, tuple):
         value = list(value)
     if isinstance(value, list) and value and isinstance(value[0], BaseModel):
-        return (
-            "`["
-            + ", ".join(json.dumps(v.model_dump(mode="json", exclude_defaults=True)) for v in value)
-            + "]`"
-        )
+        return "`[" + ", ".join("{" + (_tag(type(v)) or "") + "}" for v in value) + "]`"
     return f"`{json.dumps(value)}`"
 
 
@@ -207,6 +204,8 @@ def walk(model: type[BaseModel], path: str, title: str, anchor: str, w: Walk, ta
             if m in w.documented:
                 continue
             member = _tag(m) if len(found) > 1 else None
+            if member:
+                w.labels[m] = member
             sub_title = f"[[{dotted}]]" if is_list else f"[{dotted}]"
             sub_anchor = dotted
             if member:
@@ -222,7 +221,12 @@ def walk(model: type[BaseModel], path: str, title: str, anchor: str, w: Walk, ta
         if desc is None:
             w.missing.append(_owner(model, name))
         section.rows.append(
-            (name, _type_str(f.annotation, w.documented), _default(f), _cell(desc or "**(no description)**"))
+            (
+                name,
+                _type_str(f.annotation, w.documented, w.labels),
+                _default(f),
+                _cell(desc or "**(no description)**"),
+            )
         )
     for m, dotted, sub_title, sub_anchor, sub_tag in children:
         walk(m, dotted, sub_title, sub_anchor, w, sub_tag)
