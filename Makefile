@@ -51,7 +51,7 @@ test: $(STAMP) slurm docs-build
 	$(PY) -m pytest -q
 
 # The docs site: its configuration reference is written from the pydantic models at build time
-# (docs/hooks/config_reference.py); --strict fails on a broken link or a config field without a description.
+# (scripts/config_reference.py, a mkdocs hook); --strict fails on a broken link or a config field without a description.
 docs-build: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
