@@ -1,7 +1,8 @@
 """Learning against time: eval pass@1 vs wall-clock seconds and vs steps, rlfleet vs TRL GRPOTrainer.
 
 One run = one framework, one variant, one seed, as its own command (imports, model load and engine
-start count for both, as in vs_trl.py). Both get examples/smollm2/rl.toml resolved by rlfleet's own
+start count for both, as in vs_trl.py). Both get the job (`--job`, default examples/smollm2/rl.toml; reason.toml
+asks for the working: long, variable samples) resolved by rlfleet's own
 loader with the same overrides: the same model, the same reasoning-gym prompts as chat messages (the
 system prompt included; TRL's token ids are checked equal to rlfleet's), in rlfleet's stream order
 (TRL: shuffle_dataset=False, one generation batch = one optimizer step = batch x group samples, as
@@ -69,7 +70,7 @@ DIFFERS = [
 
 def write_doc(path: Path, doc: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=str))
+    tmp.write_text(json.dumps(doc, separators=(",", ":"), default=str))
     tmp.replace(path)
 
 
@@ -296,6 +297,7 @@ def main() -> None:
     ap.add_argument("--summary")
     ap.add_argument("--framework", choices=["rlfleet", "trl"])
     ap.add_argument("--variant", default="sync")
+    ap.add_argument("--job", default=str(JOB), help="the rlfleet job TOML both frameworks run")
     ap.add_argument("--model", default=str(ROOT / "models" / "smollm2"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=100)
@@ -339,7 +341,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     model = str(Path(a.model).resolve())
     # fmt: off
-    argv = ["@", str(JOB), "--model.path", model, "--output-dir", str(work / "rlfleet"), "--seed", str(a.seed),
+    job = Path(a.job).resolve()
+    argv = ["@", str(job), "--model.path", model, "--output-dir", str(work / "rlfleet"), "--seed", str(a.seed),
             "--max-steps", str(a.steps), "--eval.interval", str(a.eval_interval),
             "--orchestrator.batch-size", str(a.batch_size), "--orchestrator.group-size", str(a.group_size),
             "--trainer.lr", str(a.lr), "--orchestrator.max-tokens", str(a.max_tokens), "--eval.max-tokens", str(a.max_tokens),
@@ -354,7 +357,7 @@ def main() -> None:
     if a.framework == "trl" and (o.max_async_level or cfg.trainer.lora or o.shaping.dynamic_sampling):
         ap.error("async, LoRA and dynamic sampling are rlfleet-only variants")
     config: dict[str, Any] = {
-        "model": model, "job": str(JOB.relative_to(ROOT)), "device": "cuda" if cuda else "cpu",
+        "model": model, "job": str(job.relative_to(ROOT)) if job.is_relative_to(ROOT) else str(job), "device": "cuda" if cuda else "cpu",
         "steps": cfg.max_steps, "batch_size": o.batch_size, "group_size": o.group_size, "lr": cfg.trainer.lr,
         "max_tokens": o.max_tokens, "temperature": o.temperature, "eval_interval": cfg.eval.interval,
         "eval_examples": cfg.eval.num_examples, "eval_max_tokens": cfg.eval.max_tokens,

@@ -1,7 +1,9 @@
 #!/bin/bash
 # benchmarks/learning_vs_trl.py on a 4-GPU host, one run per GPU, in two waves of <= 10 minutes:
 #   bash benchmarks/learning_vs_trl_gpu.sh compare   # rlfleet sync and TRL, seeds 0 and 1
-#   bash benchmarks/learning_vs_trl_gpu.sh variants  # rlfleet k=1, k=2 (m = k), LoRA; GPU 3: the sizing checks
+#   bash benchmarks/learning_vs_trl_gpu.sh one_seed  # rlfleet sync, k = 1 and TRL, seed 0; GPU 3: the sizing checks
+#   bash benchmarks/learning_vs_trl_gpu.sh seed1     # TRL and k = 1 seed 1, k = 2 (m = k) and LoRA seed 0
+#   bash benchmarks/learning_vs_trl_gpu.sh reason    # long generations: TRL, k = 1, k = 2; GPU 3: the sizing checks
 # MODEL (default /tmp/models/smollm2) is `rlfleet model smollm2`'s output; results go to $OUT/lvt.
 # Each rlfleet run gets its own vLLM port; TRL picks free ports itself. On an H200, H100_SHARE=0.69
 # leaves the 1.5B trainer what vLLM's 0.45 leaves it on an 80 GB H100 (~44 GB).
@@ -37,13 +39,23 @@ case ${1:-compare} in
       --orchestrator.max-async-level 1 --orchestrator.max-off-policy-steps 1
     sizing &
     ;;
-  variants)
-    lane 0 rlfleet_k1_s0 --framework rlfleet --seed 0 --variant k1 --inference.port 8150 \
+  seed1)  # the second seed of one_seed's runs, and the async and LoRA variants
+    lane 0 trl_sync_s1 --framework trl --seed 1
+    lane 1 rlfleet_k1_s1 --framework rlfleet --seed 1 --variant k1 --inference.port 8150 \
       --orchestrator.max-async-level 1 --orchestrator.max-off-policy-steps 1
-    lane 1 rlfleet_k2_s0 --framework rlfleet --seed 0 --variant k2 --inference.port 8160 \
+    lane 2 rlfleet_k2_s0 --framework rlfleet --seed 0 --variant k2 --inference.port 8160 \
       --orchestrator.max-async-level 2 --orchestrator.max-off-policy-steps 2
-    lane 2 rlfleet_lora_s0 --framework rlfleet --seed 0 --variant lora --inference.port 8170 \
+    lane 3 rlfleet_lora_s0 --framework rlfleet --seed 0 --variant lora --inference.port 8170 \
+      --orchestrator.max-async-level 1 --orchestrator.max-off-policy-steps 1 \
       --trainer.lora.rank 16 --trainer.lora.alpha 32 --lr 3e-5
+    ;;
+  reason)  # long, variable generations (examples/smollm2/reason.toml); GPU 3: the sizing checks
+    L=(--job examples/smollm2/reason.toml --max-tokens "${REASON_TOKENS:-1024}")
+    lane 0 trl_sync_s0 "${L[@]}" --framework trl --seed 0
+    lane 1 rlfleet_k1_s0 "${L[@]}" --framework rlfleet --seed 0 --variant k1 --inference.port 8150 \
+      --orchestrator.max-async-level 1 --orchestrator.max-off-policy-steps 1
+    lane 2 rlfleet_k2_s0 "${L[@]}" --framework rlfleet --seed 0 --variant k2 --inference.port 8160 \
+      --orchestrator.max-async-level 2 --orchestrator.max-off-policy-steps 2
     sizing &
     ;;
 esac
