@@ -15,9 +15,9 @@ from rlfleet.orchestrator.envs.base import RewardError
 from rlfleet.orchestrator.envs.python_env import PythonEnv
 from rlfleet.orchestrator.envs.repeat import RepeatEnv, reward
 from rlfleet.orchestrator.envs.tools import python_tools, run_tool_calls
-from rlfleet.orchestrator.envs.usercode import UserFn
 from rlfleet.orchestrator.evaluate import pass_at_k
 from rlfleet.trainer.tiny import build_tokenizer
+from rlfleet.usercode import UserFn
 
 
 def test_repeat_stream_is_a_function_of_seed_and_step():

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlfleet.config.base import Strict
+from rlfleet.usercode import UserCodeError, load_object
 
 BUILTIN_LOSSES = ("grpo", "dr_grpo", "gspo", "cispo")
 
@@ -31,9 +32,7 @@ LEGACY_TRAINER_KEYS = ("clip_low", "clip_high", "mask_ratio_low", "mask_ratio_hi
 
 def resolve_user_loss(ref: str) -> str:
     """`file.py:fn` made absolute (the trainer may run from another directory), after checking it
-    names a callable with the reward functions' resolver (rlfleet/orchestrator/envs/usercode.py)."""
-    from rlfleet.orchestrator.envs.usercode import load_object
-
+    names a callable with the reward functions' resolver (rlfleet/usercode.py)."""
     if not callable(load_object(ref)):
         raise ValueError(f"{ref!r} is not callable")
     target, _, name = ref.rpartition(":")
@@ -107,8 +106,6 @@ class LossConfig(Strict):
             return v
         if ":" not in v:
             raise ValueError(f"unknown loss {v!r}: one of {', '.join(BUILTIN_LOSSES)}, or `path/file.py:fn`")
-        from rlfleet.orchestrator.envs.usercode import UserCodeError
-
         try:
             return resolve_user_loss(v)
         except UserCodeError as e:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from rlfleet.chat import continuation_ids, parse_assistant, prompt_ids
 from rlfleet.errors import DeterministicError
 from rlfleet.orchestrator.envs.base import Environment, Example, RewardError, Trajectory
-from rlfleet.orchestrator.envs.usercode import describe
 from rlfleet.orchestrator.sampler import Replicas, Sample, Sampler
+from rlfleet.usercode import describe
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -12,7 +12,7 @@ from typing import Any
 from rlfleet.config.envs import env_name
 from rlfleet.orchestrator.envs.base import Environment, Example, Trajectory
 from rlfleet.orchestrator.envs.repeat import RepeatEnv
-from rlfleet.orchestrator.envs.usercode import UserCodeError
+from rlfleet.usercode import UserCodeError
 
 __all__ = ["Environment", "Example", "Trajectory", "build_env", "check_envs", "load_envs"]
 

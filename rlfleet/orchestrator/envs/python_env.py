@@ -16,7 +16,7 @@ from rlfleet.config.envs import PythonArgs
 from rlfleet.orchestrator.envs.base import Example, RewardError, Trajectory
 from rlfleet.orchestrator.envs.data import load_rows, stream_indices
 from rlfleet.orchestrator.envs.tools import python_tools, run_tool_calls
-from rlfleet.orchestrator.envs.usercode import UserFn, describe, field
+from rlfleet.usercode import UserFn, describe, field
 
 INJECTED = {"completion", "completion_messages", "messages", "prompt", "answer", "info", "state"}
 

@@ -21,7 +21,7 @@ from typing import Any
 from rlfleet.config.envs import ReasoningGymArgs
 from rlfleet.orchestrator.envs.base import Example, RewardError, SingleTurn, Trajectory
 from rlfleet.orchestrator.envs.data import stream_indices
-from rlfleet.orchestrator.envs.usercode import UserCodeError, describe, on_daemon_thread
+from rlfleet.usercode import UserCodeError, describe, on_daemon_thread
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 

@@ -10,7 +10,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from rlfleet.orchestrator.envs.usercode import UserCodeError, UserFn, describe
+from rlfleet.usercode import UserCodeError, UserFn, describe
 
 ToolCall = Callable[[dict[str, Any]], Awaitable[Any]]  # arguments -> result
 

@@ -23,7 +23,7 @@ from typing import Any
 from rlfleet.config.envs import VerifiersArgs
 from rlfleet.orchestrator.envs.base import Example, RewardError, Trajectory
 from rlfleet.orchestrator.envs.data import stream_indices
-from rlfleet.orchestrator.envs.usercode import UserCodeError, describe
+from rlfleet.usercode import UserCodeError, describe
 
 
 def _import_vf() -> Any:

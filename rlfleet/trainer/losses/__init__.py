@@ -11,6 +11,7 @@ from rlfleet.trainer.losses.gspo import gspo
 from rlfleet.trainer.losses.inputs import LossInputs, StepNorm
 from rlfleet.trainer.losses.objective import PolicyLoss
 from rlfleet.trainer.losses.ppo import ppo_clip
+from rlfleet.usercode import load_object
 
 __all__ = ["LOSSES", "LossInputs", "PolicyFn", "PolicyLoss", "StepNorm", "micro_batch_loss", "policy_fn"]
 
@@ -21,6 +22,4 @@ def policy_fn(cfg: LossConfig) -> PolicyFn:
     """The configured per-token policy term; a user's is loaded once per process."""
     if cfg.builtin:
         return LOSSES[cfg.type]
-    from rlfleet.orchestrator.envs.usercode import load_object
-
     return load_object(cfg.type)
