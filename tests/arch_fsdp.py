@@ -17,10 +17,10 @@ from rlfleet.batches import micro_batches
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import TrainerConfig
 from rlfleet.orchestrator.rollout import single_turn
+from rlfleet.trainer.hf_export import sent_state
 from rlfleet.trainer.losses.objective import PolicyLoss
 from rlfleet.trainer.parallel import Parallel, parallelize, setup, teardown
 from rlfleet.trainer.train import Policy, load_model, make_optimizer, train_step
-from rlfleet.weights.tensors import full_state_dict
 
 TC = TrainerConfig(lr=1e-2, fsdp="on", param_dtype="float32", lm_head_chunk=16)
 
@@ -45,7 +45,7 @@ def step(model_dir: str, par: Parallel | None) -> dict[str, Any]:
     opt = make_optimizer(policy, TC)
     micro, n = batch()
     metrics = train_step(policy, opt, micro, PolicyLoss(LossConfig(), n), TC.max_grad_norm, par=par)
-    sent = full_state_dict(policy, sharded=par is not None and par.enabled)
+    sent = sent_state(policy, par)
     router = {k: v for k, v in metrics.items() if k.startswith("router/")}  # MoE: summed over ranks
     return {
         "loss": metrics["loss"],

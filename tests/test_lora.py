@@ -22,13 +22,14 @@ from rlfleet.config.loader import ConfigError, load, to_toml
 from rlfleet.config.lora import LoraConfig
 from rlfleet.config.models import ModelConfig, RLConfig, SFTConfig, TrainerConfig, TrainerJobConfig
 from rlfleet.store import RunStore
+from rlfleet.trainer.hf_export import sent_tensors
 from rlfleet.trainer.launch import torchrun_cmd
 from rlfleet.trainer.lora import wrap
 from rlfleet.trainer.rl import run_trainer
 from rlfleet.trainer.sft import run_sft
 from rlfleet.trainer.tiny import make_tiny_model
 from rlfleet.trainer.train import Policy, load_model
-from rlfleet.weights.tensors import bucket_sizes, fill, make_layout, sent_tensors, views
+from rlfleet.weights.tensors import bucket_sizes, fill, make_layout, views
 from tests.test_fsdp import _losses, _publish
 
 CPU = torch.device("cpu")

@@ -21,6 +21,7 @@ from rlfleet.config.deployment import (
     SlurmConfig,
     check_slurm_fit,
 )
+from rlfleet.config.dtypes import Dtype
 from rlfleet.config.lora import LoraConfig
 from rlfleet.config.loss import WithLoss
 from rlfleet.config.rollouts import EvalConfig, OrchestratorConfig
@@ -35,7 +36,7 @@ class ModelConfig(Strict):
         description="A local HF model directory (config.json, safetensors, tokenizer) or a hub id "
         "(`org/name`, `org/name@revision`), resolved to its local snapshot at preflight."
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+    dtype: Dtype = Field(
         "float32", description="The trainer's weights (and optimizer masters); vLLM's on a CPU."
     )
 
@@ -50,7 +51,7 @@ class InferenceConfig(Strict):
     max_model_len: int = Field(
         512, ge=16, description="vLLM's context length: prompt and every turn of a rollout must fit."
     )
-    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+    dtype: Dtype | None = Field(
         None, description="vLLM's dtype; unset = bfloat16 on a GPU, model.dtype on a CPU."
     )
     gpu_memory_utilization: float | None = Field(

@@ -11,6 +11,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from rlfleet.config.deployment import DeploymentConfig, MultiNodeDeployment
+from rlfleet.config.dtypes import DTYPE_BYTES
 from rlfleet.config.loader import ConfigError
 from rlfleet.config.models import RLConfig
 from rlfleet.config.weights import placed_transport
@@ -63,7 +64,6 @@ def assign_gpus(
 
 # A GPU trainer's packed row when orchestrator.seq_len is unset (at least inference.max_model_len).
 PACKED_ROW_TOKENS = 8192
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def gpu_defaults(

@@ -11,11 +11,12 @@ from typing import Any
 import torch
 
 from rlfleet.batches import regroup_rows
+from rlfleet.config.dtypes import torch_dtype
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import DeterministicError
 from rlfleet.trainer.parallel import Parallel, apply_activation_checkpointing
 from rlfleet.trainer.sizing import GIB, Sizing, row_groups, size_micro_batch
-from rlfleet.trainer.train import DTYPES, Policy, free_memory, init_optimizer_state, probe_row
+from rlfleet.trainer.train import Policy, free_memory, init_optimizer_state, probe_row
 
 log = logging.getLogger("rlfleet.trainer")
 
@@ -143,7 +144,7 @@ def transport_bytes(cfg: TrainerJobConfig, policy: Policy) -> int:
     from rlfleet.weights.cuda_ipc import SLOTS
 
     copies = {"cuda_ipc": SLOTS, "nccl": 1}.get(cfg.weights.transport, 0)
-    dtype = DTYPES[cfg.inference.vllm_dtype(cfg.model.dtype, True)]
+    dtype = torch_dtype(cfg.inference.vllm_dtype(cfg.model.dtype, True))
     return copies * sum(p.numel() for p in policy.parameters()) * dtype.itemsize
 
 

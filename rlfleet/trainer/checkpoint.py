@@ -153,7 +153,8 @@ class CheckpointManager:
         store, par, rel = self.store, self.par, step_dir("checkpoints", step)
         staged = hf_export.stage(store, rel, par)
         lm = hf_export.hf_model(self.model)
-        state = hf_export.gather(self.model, par)  # rank 0's full copy (the gather is a collective)
+        # rank 0's full copy (the gather is a collective)
+        state = hf_export.full_state(self.model, par, cpu=True)
         if par.enabled:
             trainer_state = self._host(dcp_state(self.model, self.optimizer))
         else:

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from rlfleet.config.dtypes import torch_dtype
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import is_transient
 from rlfleet.store import RunStore, run_store
@@ -29,7 +30,6 @@ from rlfleet.trainer.files import ERROR_FILE, checkpoint_model_path, latest_chec
 from rlfleet.trainer.parallel import Parallel, parallelize, setup, teardown
 from rlfleet.trainer.schedule import make_scheduler
 from rlfleet.trainer.train import (
-    DTYPES,
     LM_HEAD_CHUNK,
     Objective,
     Policy,
@@ -144,7 +144,9 @@ def build(
     # Sharded: load on CPU; fully_shard moves each rank's shard to its GPU (or keeps it on CPU: offload).
     device = torch.device("cpu") if par.enabled else par.device
     if random_init and not any(Path(path).glob("*.safetensors")):
-        lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=DTYPES[cfg.model.dtype])
+        lm = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(path), dtype=torch_dtype(cfg.model.dtype)
+        )
         lm = lm.to(device).train()
     else:
         lm = load_model(path, cfg.model.dtype, device)

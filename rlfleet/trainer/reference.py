@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from rlfleet.config.dtypes import torch_dtype
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.trainer.lora import adapters_disabled, peft_model
 from rlfleet.trainer.parallel import Parallel
-from rlfleet.trainer.train import DTYPES, Policy
+from rlfleet.trainer.train import Policy
 
 # (input_ids, temperature, position_ids) -> (logprobs, entropy or None), as a Policy's forward
 Reference = Callable[[torch.Tensor, float, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor | None]]
@@ -51,7 +52,7 @@ def load_reference(cfg: TrainerJobConfig, par: Parallel, policy: Policy) -> Refe
         return None
     if peft_model(policy.lm) is not None:
         return AdaptersOff(policy)
-    path, dtype = cfg.model.path, DTYPES[cfg.model.dtype]
+    path, dtype = cfg.model.path, torch_dtype(cfg.model.dtype)
     if any(Path(path).glob("*.safetensors")):
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     else:

@@ -11,14 +11,13 @@ from typing import Any, Protocol
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from rlfleet.config.dtypes import torch_dtype
 from rlfleet.config.models import TrainerConfig
 from rlfleet.trainer.lm_head import chunked_logprobs
 from rlfleet.trainer.lora import base_model
 from rlfleet.trainer.loss import logprobs_and_entropy, token_logprobs
 from rlfleet.trainer.parallel import Parallel, set_gradient_sync
 from rlfleet.trainer.router import RouterLoad
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def pick_device(choice: str) -> torch.device:
@@ -30,7 +29,7 @@ def pick_device(choice: str) -> torch.device:
 
 
 def load_model(path: str, dtype: str, device: torch.device) -> PreTrainedModel:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
     return model.to(device).train()
 
 

@@ -12,7 +12,7 @@ Trainer side: `publisher.make_publisher(...)`. Controller side: `controller.make
 owns what differs by transport (step N's ticket, a relaunched replica's resync, preflight's
 placement rule) and `client.load(url, ticket)` hands a ticket to a replica, whose worker runs
 `vllm_worker.WeightSync` (one receiver per transport); every transport's load ends in
-`vllm_reload.reload_in_place` and sends what `tensors.sent_tensors` picks (under LoRA, merged
+`vllm_reload.reload_in_place` and sends what `trainer/hf_export.sent_tensors` picks (under LoRA, merged
 weights). `tickets` is what both sides share. Checkpoints and resumes load files; a relaunched
 replica starts from files and its transport brings it to the served weights (`InferencePool._resync`).
 This module stays import-light: the vLLM server command line and the flow import it.

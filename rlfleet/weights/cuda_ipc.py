@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from rlfleet.config.dtypes import torch_dtype
 from rlfleet.store import RunStore
+from rlfleet.trainer.hf_export import sent_state
 from rlfleet.trainer.parallel import Parallel
-from rlfleet.trainer.train import DTYPES
 from rlfleet.weights import tensors
 from rlfleet.weights.tickets import ticket_rel, wait_served
 
@@ -29,7 +30,7 @@ class IpcPublisher:
     def __init__(self, store: RunStore, par: Parallel, dtype: str, timeout_s: float):
         if par.device.type != "cuda":
             raise ValueError("weights.transport: cuda_ipc needs the trainer on a GPU")
-        self.store, self.par, self.dtype, self.timeout_s = store, par, DTYPES[dtype], timeout_s
+        self.store, self.par, self.dtype, self.timeout_s = store, par, torch_dtype(dtype), timeout_s
         self.layout: list | None = None
         self.slots: list[list[torch.Tensor]] = []
         self.handles: list[list[str]] = []
@@ -45,7 +46,7 @@ class IpcPublisher:
             self.handles.append([base64.b64encode(pickle.dumps(reduce_tensor(b)[1])).decode() for b in bufs])
 
     def publish(self, step: int, model: torch.nn.Module) -> None:
-        sd = tensors.full_state_dict(model, self.par.enabled)
+        sd = sent_state(model, self.par)
         if self.layout is None:
             self._allocate(sd)
         wait_served(self.store, step - 1, self.timeout_s)  # the buffer we overwrite holds step-2

@@ -20,7 +20,7 @@ def publish_weights(
     """`weights/step_N`: the model as an HF directory (gathered on rank 0 when sharded)."""
     rel = step_dir("weights", step)
     staged = hf_export.stage(store, rel, par)
-    if (state := hf_export.gather(model, par)) is not None:
+    if (state := hf_export.full_state(model, par, cpu=True)) is not None:
         hf_export.write_hf(hf_export.hf_model(model), state, staged, tokenizer_dir)
     return hf_export.publish(store, staged, rel, {"step": step}, par)
 

@@ -39,10 +39,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rlfleet.config.dtypes import torch_dtype
 from rlfleet.procs import running, this_process
 from rlfleet.store import RunStore
+from rlfleet.trainer.hf_export import sent_state
 from rlfleet.trainer.parallel import Parallel
-from rlfleet.trainer.train import DTYPES
 from rlfleet.weights import tensors
 from rlfleet.weights.tickets import REGROUP, REGROUPED, sender_running, served_step, ticket_rel
 
@@ -128,7 +129,7 @@ class NcclPublisher:
     def __init__(
         self, store: RunStore, par: Parallel, dtype: str, port: int, receivers: int, timeout_s: float
     ):
-        self.store, self.par, self.dtype = store, par, DTYPES[dtype]
+        self.store, self.par, self.dtype = store, par, torch_dtype(dtype)
         self.port, self.world, self.timeout_s = port, 1 + receivers, timeout_s
         self.group_id = f"{os.getpid()}-{time.time_ns()}"
         self.sender = this_process()
@@ -139,7 +140,7 @@ class NcclPublisher:
         self.next_look = 0.0  # when to read the regroup request again
 
     def publish(self, step: int, model: torch.nn.Module) -> None:
-        sd = tensors.full_state_dict(model, self.par.enabled)
+        sd = sent_state(model, self.par)
         if self.layout is None:
             self.layout = tensors.make_layout(sd, self.dtype)
             sizes = tensors.bucket_sizes(self.layout)
@@ -253,7 +254,7 @@ class NcclPublisher:
 
 def receive(ticket: dict[str, Any], group: Group, device: torch.device) -> list[torch.Tensor]:
     """The buckets of `ticket`, received from rank 0 into fresh buffers on `device`."""
-    dtype = DTYPES[ticket["dtype"]]
+    dtype = torch_dtype(ticket["dtype"])
     buckets = [torch.empty(n, dtype=dtype, device=device) for n in tensors.bucket_sizes(ticket["layout"])]
     broadcast(group, buckets, stop=sender_gone(ticket))
     return buckets
