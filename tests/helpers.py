@@ -15,7 +15,8 @@ from transformers import AutoTokenizer, PreTrainedModel
 from rlfleet.config.models import SFTConfig
 from rlfleet.net import tls
 from rlfleet.orchestrator.rollout import single_turn
-from rlfleet.trainer.loss import num_targets, sft_loss, token_logprobs
+from rlfleet.trainer.lm_head import token_logprobs
+from rlfleet.trainer.nll import num_targets, sft_loss
 from rlfleet.trainer.sft_data import Example, encode, load_dataset, micro_batches, pad_id
 from rlfleet.trainer.train import load_model
 

@@ -259,7 +259,7 @@ def test_weight_transports_change_served_logprobs(tiny_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from rlfleet.inference.pool import InferencePool
-    from rlfleet.trainer.loss import token_logprobs
+    from rlfleet.trainer.lm_head import token_logprobs
     from rlfleet.trainer.parallel import Parallel
     from rlfleet.weights.nccl import NcclPublisher
     from rlfleet.weights.tickets import served_step, trainer_ticket

@@ -22,8 +22,7 @@ from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import publish_rollout, single_turn
 from rlfleet.store import RunStore
 from rlfleet.trainer.launch import TrainerProcess, torchrun_cmd
-from rlfleet.trainer.lm_head import chunked_logprobs
-from rlfleet.trainer.loss import token_logprobs
+from rlfleet.trainer.lm_head import chunked_logprobs, token_logprobs
 from rlfleet.trainer.parallel import apply_activation_checkpointing
 from rlfleet.trainer.rl import run_trainer
 from rlfleet.trainer.train import Policy, load_model

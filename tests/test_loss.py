@@ -13,8 +13,7 @@ import torch
 from rlfleet.batches import micro_batches
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import TrainerConfig
-from rlfleet.trainer.lm_head import chunked_logprobs
-from rlfleet.trainer.loss import logprobs_and_entropy
+from rlfleet.trainer.lm_head import chunked_logprobs, logprobs_and_entropy
 from rlfleet.trainer.losses import PolicyLoss, StepNorm, micro_batch_loss, policy_fn
 from rlfleet.trainer.train import Policy, accumulate, load_model, make_optimizer, optimizer_step, train_step
 from tests.helpers import random_records

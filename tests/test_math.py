@@ -4,14 +4,40 @@ import pytest
 import torch
 
 from rlfleet.config.advantage import AdvantageConfig
+from rlfleet.config.loss import LossConfig
 from rlfleet.orchestrator.advantages import advantages, grpo_advantages
-from rlfleet.trainer.loss import grpo_loss, token_logprobs
+from rlfleet.trainer.lm_head import token_logprobs
+from rlfleet.trainer.losses import StepNorm, micro_batch_loss, policy_fn
 
 
 def _close(got, want, tol=1e-5):
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         assert abs(g - w) < tol, (got, want)
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    num_tokens: int,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    mask_low: float = 0.0,
+    mask_high: float = float("inf"),
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The `grpo` loss of `[loss]` with these bounds: PPO-clip on every
+    masked-in token whose ratio lies in [mask_low, mask_high], summed / `num_tokens`.
+
+    logprobs, old_logprobs (the sampler's), mask: [B, T]; advantages: [B] or [B, T].
+    """
+    cfg = LossConfig(
+        clip_low=clip_low, clip_high=clip_high, mask_ratio_low=mask_low, mask_ratio_high=mask_high
+    )
+    return micro_batch_loss(
+        cfg, policy_fn(cfg), logprobs, old_logprobs, advantages, mask, StepNorm(num_tokens)
+    )
 
 
 # -- advantages ---------------------------------------------------------------------------------

@@ -121,7 +121,7 @@ def test_seq_len_shorter_than_model_len_is_rejected():
 
 
 def test_packed_sft_step_equals_padded(tiny_model):
-    from rlfleet.trainer.loss import NLL
+    from rlfleet.trainer.nll import NLL
     from rlfleet.trainer.sft_data import Example, micro_batches
     from rlfleet.trainer.sft_data import packed_micro_batches as sft_packed
 

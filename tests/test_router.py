@@ -10,8 +10,8 @@ import torch
 from rlfleet.batches import micro_batches
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import TrainerConfig
-from rlfleet.trainer.loss import NLL
 from rlfleet.trainer.losses import PolicyLoss
+from rlfleet.trainer.nll import NLL
 from rlfleet.trainer.parallel import Parallel, apply_activation_checkpointing
 from rlfleet.trainer.router import load_metrics, real_token_mask
 from rlfleet.trainer.tiny import make_tiny_model

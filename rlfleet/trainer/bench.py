@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from rlfleet.config.models import TrainerJobConfig
-from rlfleet.trainer.loss import NLL
 from rlfleet.trainer.losses import PolicyLoss, StepNorm
+from rlfleet.trainer.nll import NLL
 from rlfleet.trainer.train import Objective, train_step
 
 PEAK_BF16 = {

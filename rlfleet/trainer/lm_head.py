@@ -1,4 +1,5 @@
-"""Logprobs and entropy of the LM head without materializing [tokens, vocab] logits.
+"""Logprobs and entropy of the targets: from full logits (`token_logprobs`,
+`logprobs_and_entropy`), or from the LM head without materializing [tokens, vocab] logits.
 
 At a 152k vocabulary one 4096-token sequence has 2.5 GB of fp32 logits, more than the rest of a
 1.5B model's activations. `chunked_logprobs` runs the head over `chunk` tokens at a time, keeps
@@ -11,6 +12,27 @@ transformers and vLLM apply it) is capped here too.
 from __future__ import annotations
 
 import torch
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(target) per position; logits [B, T, V], targets [B, T] -> [B, T] (float32)."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.gather(logits.log_softmax(-1), -1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def logprobs_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(target), entropy of the next-token distribution), both differentiable, [B, T]; for
+    an entropy bonus on the full-logits path (the chunked LM head gives both without the logits)."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = logits.log_softmax(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return torch.gather(logp, -1, targets.unsqueeze(-1)).squeeze(-1), entropy
 
 
 def _logits(

@@ -22,7 +22,7 @@ from rlfleet.report import curve_png, mean_or_none, step_progress
 from rlfleet.runs.resume import discard_stale
 from rlfleet.store import RunStore, run_store, step_dir
 from rlfleet.trainer.loop import Batch, train
-from rlfleet.trainer.loss import NLL
+from rlfleet.trainer.nll import NLL
 from rlfleet.trainer.parallel import Parallel
 from rlfleet.trainer.sft_data import check_data, load_dataset, step_batches
 from rlfleet.trainer.train import Policy

@@ -13,9 +13,8 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from rlfleet.config.dtypes import torch_dtype
 from rlfleet.config.models import TrainerConfig
-from rlfleet.trainer.lm_head import chunked_logprobs
+from rlfleet.trainer.lm_head import chunked_logprobs, logprobs_and_entropy, token_logprobs
 from rlfleet.trainer.lora import base_model
-from rlfleet.trainer.loss import logprobs_and_entropy, token_logprobs
 from rlfleet.trainer.parallel import Parallel, set_gradient_sync
 from rlfleet.trainer.router import RouterLoad
 
@@ -226,7 +225,7 @@ def optimizer_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, ma
 
 class Objective(Protocol):
     """The pluggable part of a train step: RL's policy loss (losses/objective.py `PolicyLoss`) or
-    SFT's NLL (loss.py `NLL`). One per step: it may hold the step's normalisers."""
+    SFT's NLL (nll.py `NLL`). One per step: it may hold the step's normalisers."""
 
     temperature: float  # the sampler's: logprobs are of logits / temperature
     want_entropy: bool  # the full-logits path also computes the entropy (an entropy bonus needs it)

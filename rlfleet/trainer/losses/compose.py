@@ -14,12 +14,25 @@ from collections.abc import Callable
 import torch
 
 from rlfleet.config.loss import LossConfig
+from rlfleet.trainer.losses.cispo import cispo
 from rlfleet.trainer.losses.correction import is_weights
+from rlfleet.trainer.losses.gspo import gspo
 from rlfleet.trainer.losses.inputs import LossInputs, StepNorm
+from rlfleet.trainer.losses.ppo import ppo_clip
 from rlfleet.trainer.losses.terms import aggregate, kl_penalty
+from rlfleet.usercode import load_object
 
 # (per-token loss [B, T], clipped tokens [B, T] bool or None); user functions may return the loss only
 PolicyFn = Callable[[LossInputs], "tuple[torch.Tensor, torch.Tensor | None] | torch.Tensor"]
+
+LOSSES: dict[str, PolicyFn] = {"grpo": ppo_clip, "dr_grpo": ppo_clip, "gspo": gspo, "cispo": cispo}
+
+
+def policy_fn(cfg: LossConfig) -> PolicyFn:
+    """The configured per-token policy term; a user's is loaded once per process."""
+    if cfg.builtin:
+        return LOSSES[cfg.type]
+    return load_object(cfg.type)
 
 
 def micro_batch_loss(

@@ -3,16 +3,14 @@ each micro-batch against the sampler's logprobs, and the step's metrics from its
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from rlfleet.config.loss import LossConfig
-from rlfleet.trainer.losses.compose import micro_batch_loss
+from rlfleet.trainer.losses.compose import micro_batch_loss, policy_fn
 from rlfleet.trainer.losses.inputs import StepNorm
-
-if TYPE_CHECKING:
-    from rlfleet.trainer.reference import Reference
+from rlfleet.trainer.reference import Reference
 
 
 class PolicyLoss:
@@ -26,8 +24,6 @@ class PolicyLoss:
         temperature: float = 1.0,
         ref: Reference | None = None,
     ):
-        from rlfleet.trainer.losses import policy_fn
-
         if cfg.kl_coef > 0 and ref is None:
             raise ValueError("loss.kl_coef > 0 needs the reference model (rlfleet/trainer/reference.py)")
         self.cfg, self.temperature, self.ref = cfg, temperature, ref
