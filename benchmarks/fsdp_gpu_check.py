@@ -25,26 +25,28 @@ from trainer_mfu import write_config  # noqa: E402
 
 from rlfleet.store import RunStore  # noqa: E402
 from rlfleet.trainer.tiny import make_tiny_model  # noqa: E402
-from tests.test_fsdp import _losses, _publish, _run  # noqa: E402
+from tests.synthetic_run import logged_losses, publish_steps, run_job  # noqa: E402
 
 
 def resume_check(tmp: Path) -> dict:
     model = make_tiny_model(tmp / "tiny")
     ref, dist2 = tmp / "ref", tmp / "dist"
-    _publish(RunStore(ref), 3)
+    publish_steps(RunStore(ref), 3)
     shutil.copytree(ref, dist2)
-    _run(ref, model, 3, None, gpus="0")
-    _run(dist2, model, 1, 2, gpus="0,1")
+    run_job(ref, model, 3, None, gpus="0")
+    run_job(dist2, model, 1, 2, gpus="0,1")
     shards = len(list((dist2 / "checkpoints" / "step_0" / "dcp").glob("*.distcp")))
-    _run(dist2, model, 3, None, gpus="0")
+    run_job(dist2, model, 3, None, gpus="0")
     return {
-        "reference_1gpu": _losses(ref, range(3)),
-        "2gpu_then_resumed_on_1gpu": _losses(dist2, range(3)),
+        "reference_1gpu": logged_losses(ref, range(3)),
+        "2gpu_then_resumed_on_1gpu": logged_losses(dist2, range(3)),
         "dcp_shard_files": shards,
     }
 
 
-def bench_losses(model_dir: str, gpus: list[str], micro_batches: int, extra: list[str], out: Path) -> dict:
+def benchlogged_losses(
+    model_dir: str, gpus: list[str], micro_batches: int, extra: list[str], out: Path
+) -> dict:
     cmd = [sys.executable, "-m", "rlfleet.cli", "trainer", "--bench", "--model.path", model_dir]
     cmd += ["--gpu-ids", json.dumps(gpus), "--trainer.fsdp", "on", "--trainer.lm-head-chunk", "2048"]
     cmd += [
@@ -79,7 +81,7 @@ def main() -> None:
         runs = [(["0"], 4, []), (["0", "1"], 2, []), (["0", "1"], 2, ["--trainer.dp-replicate", "2"])]
         res["losses_1_vs_2_gpus"] = []
         for i, (gpus, mb, extra) in enumerate(runs):
-            r = bench_losses(q, gpus, mb, extra, tmp / f"b{i}.json")
+            r = benchlogged_losses(q, gpus, mb, extra, tmp / f"b{i}.json")
             res["losses_1_vs_2_gpus"].append(r)
             print(
                 json.dumps(

@@ -3,30 +3,21 @@ gloo with two torchrun ranks (same loss as one process; a checkpoint saved by 2 
 
 from __future__ import annotations
 
-import json
-import os
-import random
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from rlfleet.config.deployment import DeploymentConfig
-from rlfleet.config.loader import to_toml
-from rlfleet.config.models import ModelConfig, RLConfig, TrainerConfig, TrainerJobConfig
+from rlfleet.config.models import ModelConfig, RLConfig, TrainerJobConfig
 from rlfleet.config.placement import PACKED_ROW_TOKENS, assign_gpus, gpu_defaults
-from rlfleet.orchestrator.batch import build_batches
-from rlfleet.orchestrator.rollout import publish_rollout, single_turn
 from rlfleet.store import RunStore
 from rlfleet.trainer.launch import TrainerProcess, torchrun_cmd
 from rlfleet.trainer.lm_head import chunked_logprobs, token_logprobs
 from rlfleet.trainer.parallel import apply_activation_checkpointing
-from rlfleet.trainer.rl import run_trainer
 from rlfleet.trainer.train import Policy, load_model
 from tests.helpers import dcp_ranks
+from tests.synthetic_run import logged_losses, publish_steps, run_job
 
 
 def test_chunked_logprobs_match_full_logits_values_and_grads():
@@ -93,65 +84,15 @@ def test_a_gpu_trainer_trains_packed_rows_bounded_by_tokens_unless_the_config_sa
     assert shape([], orchestrator={"seq_len": 1024, "micro_batch_size": 2}) == (1024, 2)
 
 
-def _publish(store: RunStore, steps: int) -> None:
-    """Synthetic GRPO rollouts, 24 sequences a step -> 3 micro-batches of 8 (uneven over 2 ranks)."""
-    rng = random.Random(0)
-    for step in range(steps):
-        records = []
-        for g in range(6):
-            prompt = [1] + [rng.randrange(4, 100) for _ in range(rng.randint(4, 8))]
-            for _ in range(4):
-                completion = [rng.randrange(4, 100) for _ in range(rng.randint(4, 10))]
-                records.append(
-                    {
-                        "group": g,
-                        "prompt_uid": f"{step}-{g}",
-                        **single_turn(prompt, completion, [-4.8] * len(completion)),
-                        "reward": rng.random(),
-                        "policy_step": step - 1,
-                        "completion": "",
-                    }
-                )
-        publish_rollout(store, step, {0: records}, {"policy_step": step - 1})
-        build_batches(store, step, micro_batch_size=8, pad_id=0)
-
-
-def _run(out: Path, model: Path, max_steps: int, nproc: int | None, gpus: str = "") -> None:
-    cfg = TrainerJobConfig(
-        output_dir=str(out),
-        max_steps=max_steps,
-        model=ModelConfig(path=str(model)),
-        trainer=TrainerConfig(lr=1e-2, checkpoint_interval=1, lm_head_chunk=16, param_dtype="float32"),
-    )
-    if nproc is None and not gpus:  # one CPU process: in this one (saves an interpreter start)
-        run_trainer(cfg)
-        return
-    path = out / "trainer.toml"
-    path.write_text(to_toml(cfg))
-    args = ["trainer", "@", str(path)]
-    cmd = (
-        torchrun_cmd(nproc, [*args, "--trainer.fsdp", "on"])
-        if nproc
-        else [sys.executable, "-m", "rlfleet.cli", *args]
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": gpus}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-
-
-def _losses(out: Path, steps: range) -> list[float]:
-    return [json.loads((out / "metrics" / f"step_{s}.json").read_text())["loss"] for s in steps]
-
-
 def test_two_gloo_ranks_match_one_process_and_resume_on_one(tiny_model, tmp_path):
     ref, dist2 = tmp_path / "ref", tmp_path / "dist"
-    _publish(RunStore(ref), 3)
+    publish_steps(RunStore(ref), 3)
     shutil.copytree(ref, dist2)
 
-    _run(ref, tiny_model, 3, None)  # one plain process: the reference
+    run_job(ref, tiny_model, 3, None)  # one plain process: the reference
     # FSDP2 over 2 gloo ranks: steps 0 and 1, each checkpointed as DCP shards (the second through
     # the host buffers the first filled: it must hold step 1's state, not step 0's)
-    _run(dist2, tiny_model, 2, 2)
+    run_job(dist2, tiny_model, 2, 2)
     ckpt = dist2 / "checkpoints" / "step_0"
     assert (ckpt / "dcp" / ".metadata").is_file() and not (ckpt / "optimizer.pt").exists()
     assert dcp_ranks(ckpt / "dcp") == {0, 1}  # each rank wrote its shards
@@ -162,7 +103,7 @@ def test_two_gloo_ranks_match_one_process_and_resume_on_one(tiny_model, tmp_path
         assert torch.allclose(a, b, atol=1e-5), name
 
     assert (dist2 / "checkpoints" / "step_1" / "dcp" / ".metadata").is_file()
-    _run(dist2, tiny_model, 3, None)  # resumes step 2 in one process from the 2-rank DCP checkpoint 1
-    want, got = _losses(ref, range(3)), _losses(dist2, range(3))
+    run_job(dist2, tiny_model, 3, None)  # resumes step 2 in one process from the 2-rank DCP checkpoint 1
+    want, got = logged_losses(ref, range(3)), logged_losses(dist2, range(3))
     assert want[0] != want[2]  # the steps really trained
     assert got == pytest.approx(want, rel=1e-4, abs=1e-6)

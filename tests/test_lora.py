@@ -30,7 +30,7 @@ from rlfleet.trainer.sft import run_sft
 from rlfleet.trainer.tiny import make_tiny_model
 from rlfleet.trainer.train import Policy, load_model
 from rlfleet.weights.tensors import bucket_sizes, fill, make_layout, views
-from tests.test_fsdp import _losses, _publish
+from tests.synthetic_run import logged_losses, publish_steps
 
 CPU = torch.device("cpu")
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny"
@@ -170,7 +170,7 @@ def test_sft_with_lora_learns_and_its_export_loads_in_peft_and_transformers(tiny
 
 
 def _rl(out: Path, model: Path, max_steps: int, nproc: int | None = None) -> None:
-    """The RL trainer with LoRA and a KL term on the batches `_publish` wrote: in this process, or
+    """The RL trainer with LoRA and a KL term on the batches `publish_steps` wrote: in this process, or
     as `nproc` torchrun ranks (FSDP2 over gloo)."""
     cfg = TrainerJobConfig(
         output_dir=str(out),
@@ -197,7 +197,7 @@ def _metric(out: Path, step: int, key: str) -> float:
 
 def test_lora_checkpoints_hold_only_adapters_and_resume_like_an_uninterrupted_run(tiny_model, tmp_path):
     ref, one, two = tmp_path / "ref", tmp_path / "one", tmp_path / "two"
-    _publish(RunStore(ref), 3)
+    publish_steps(RunStore(ref), 3)
     shutil.copytree(ref, one)
     shutil.copytree(ref, two)
 
@@ -230,7 +230,7 @@ def test_lora_checkpoints_hold_only_adapters_and_resume_like_an_uninterrupted_ru
     assert len(model_keys) == len(adapter) and all(".lora_" in k for k in model_keys)
     _rl(two, tiny_model, 3)  # step 2 in one process from the 2-rank checkpoint
 
-    want = _losses(ref, range(3))
+    want = logged_losses(ref, range(3))
     assert want[0] != want[2]
-    assert _losses(one, range(3)) == pytest.approx(want, rel=1e-4, abs=1e-6)
-    assert _losses(two, range(3)) == pytest.approx(want, rel=1e-4, abs=1e-6)
+    assert logged_losses(one, range(3)) == pytest.approx(want, rel=1e-4, abs=1e-6)
+    assert logged_losses(two, range(3)) == pytest.approx(want, rel=1e-4, abs=1e-6)

@@ -14,13 +14,13 @@ from transformers import AutoModelForCausalLM
 from rlfleet.config.loader import ConfigError
 from rlfleet.errors import DeterministicError, TransientError, is_transient
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
-from rlfleet.runs.resume import resume_step
 from rlfleet.runs.status import spans, status
 from rlfleet.store import RunStore
 from rlfleet.trainer.checkpoint import CheckpointManager
 from rlfleet.trainer.files import latest_checkpoint, read_trainer_error
 from rlfleet.trainer.loop import record_trainer_error
 from rlfleet.trainer.parallel import Parallel
+from rlfleet.trainer.resume import resume_step
 from rlfleet.weights.filesystem import publish_weights
 from rlfleet.weights.tickets import newest_weights
 

@@ -24,11 +24,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlfleet.config.checks import check_output_dir
-from rlfleet.runs.resume import resume_step
 from rlfleet.store import CorruptArtifact, RunStore, cache_root, stage, step_dir
 from rlfleet.trainer.checkpoint import CheckpointManager, prune_checkpoints
 from rlfleet.trainer.files import latest_checkpoint, prune_steps
 from rlfleet.trainer.parallel import Parallel
+from rlfleet.trainer.resume import resume_step
 from rlfleet.weights.filesystem import publish_weights
 from rlfleet.weights.tickets import newest_weights
 from tests.s3server import moto_server

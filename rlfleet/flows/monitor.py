@@ -1,59 +1,25 @@
-"""The run as the Prefect UI shows it while it goes, not only at its end.
-
-- Live artifacts under stable keys (`<run>-progress`, `<run>-metrics`, `<run>-reward-curve`):
-  the progress bar after every step, the metrics table and the reward curve every few steps, at
-  the end, and from a failing run's cleanup.
-- Recoveries as first-class events: a relaunched trainer or vLLM replica, and a rollout's samples
-  sent again after a replica failed them, are a WARNING in the flow run's log, a Prefect event
-  (`rlfleet.trainer.relaunched`, `rlfleet.replica.relaunched`, `rlfleet.rollout.resent`) a user
-  can attach an automation to, and a line in `run/recoveries.json`, which the summary counts.
+"""The run as the Prefect UI shows it while it goes, not only at its end: live artifacts under
+stable keys (`<run>-progress`, `<run>-metrics`, `<run>-reward-curve`), the progress bar after every
+step, the metrics table and the reward curve every few steps, at the end, and from a failing run's
+cleanup. Recoveries are events the tasks emit (tasks/events.py).
 """
 
 from __future__ import annotations
 
 import base64
-import threading
 import time
 from typing import Any
 
-from prefect import get_run_logger
 from prefect.artifacts import (
     create_image_artifact,
     create_progress_artifact,
     create_table_artifact,
     update_progress_artifact,
 )
-from prefect.events import emit_event
-from prefect.runtime import flow_run
 
 from rlfleet.flows.artifacts import artifact_key, metric_row
 from rlfleet.report import REWARD_CURVE, reward_curve_png
 from rlfleet.store import RunStore
-
-RECOVERIES = "run/recoveries.json"
-_lock = threading.Lock()  # tasks run in worker threads of the flow's process
-
-
-def recovered(store: RunStore, run: str, what: str, message: str, **payload: Any) -> None:
-    """Record a recovery (`what`: trainer.relaunched, replica.relaunched, rollout.resent) where a
-    user sees it."""
-    get_run_logger().warning(message)
-    related = [
-        {"prefect.resource.id": f"prefect.flow-run.{flow_run.id}", "prefect.resource.role": "flow-run"}
-    ]
-    emit_event(
-        event=f"rlfleet.{what}",
-        resource={"prefect.resource.id": f"rlfleet.run.{run}", "prefect.resource.name": run},
-        related=related if flow_run.id else None,
-        payload={"message": message, **payload},
-    )
-    with _lock:
-        event = {"event": what, "at": time.time(), "message": message, **payload}
-        store.write_json(RECOVERIES, [*recoveries(store), event])
-
-
-def recoveries(store: RunStore) -> list[dict[str, Any]]:
-    return store.read_json(RECOVERIES) if store.exists(RECOVERIES) else []
 
 
 class LiveArtifacts:

@@ -30,14 +30,14 @@ from prefect.utilities.annotations import quote
 from rlfleet.config.envs import env_name
 from rlfleet.config.models import RLConfig
 from rlfleet.flows.artifacts import publish_summary
-from rlfleet.flows.monitor import LiveArtifacts, recoveries
+from rlfleet.flows.monitor import LiveArtifacts
 from rlfleet.orchestrator.rollout import load_tokenizer
 from rlfleet.report import WandbSink, step_progress, wandb_metrics, write_report
 from rlfleet.runs.configs import resolve, write_configs
 from rlfleet.runs.handles import RunHandles, started_early
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
 from rlfleet.runs.logs import sync_logs
-from rlfleet.runs.resume import discard_stale, resume_step
+from rlfleet.runs.recoveries import recoveries
 from rlfleet.runs.status import step_records
 from rlfleet.store import run_store
 from rlfleet.tasks.eval import evaluate_policy
@@ -50,6 +50,7 @@ from rlfleet.tasks.rl import (
     train,
 )
 from rlfleet.tasks.storage import load_credentials_block
+from rlfleet.trainer.resume import discard_stale, resume_step
 from rlfleet.workers.leases import gpu_lease
 
 

@@ -1,3 +1,4 @@
-"""A run's lifecycle in its store, by concern: the resolved configs and preflight (`configs`), the
-resume point (`resume`), one controller per run (`lock`), the processes that controller runs
-(`handles`), process logs (`logs`), and what `rlfleet runs status` reports (`status`)."""
+"""A run's lifecycle in its store, by concern: the resolved configs and preflight (`configs`), one
+controller per run (`lock`), the processes that controller runs (`handles`), process logs (`logs`),
+what `rlfleet runs status` reports (`status`), and the recoveries it records (`recoveries`). The
+resume point is the trainer's (trainer/resume.py): an SFT trainer resumes by itself."""

@@ -20,9 +20,9 @@ from rlfleet.inference.pool import InferencePool
 from rlfleet.orchestrator.stream import RolloutStream
 from rlfleet.runs.configs import resolve, write_configs
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
-from rlfleet.runs.resume import pristine
 from rlfleet.store import RunStore, run_store
 from rlfleet.trainer.launch import ExternalTrainer, TrainerProcess
+from rlfleet.trainer.resume import pristine
 
 # output_dir -> the pool `vllm_started_early` started for that run, until its flow adopts it
 _EARLY: dict[str, InferencePool] = {}

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from rlfleet.procs import pid_alive
-from rlfleet.runs.resume import resume_step
 from rlfleet.store import RunStore, run_store
 from rlfleet.trainer.files import latest_checkpoint
+from rlfleet.trainer.resume import resume_step
 
 
 def step_records(store: RunStore) -> list[dict]:

@@ -25,12 +25,12 @@ from prefect.utilities.hashing import hash_objects
 
 from rlfleet.config.models import RLConfig
 from rlfleet.errors import is_transient
-from rlfleet.flows.monitor import recovered
 from rlfleet.inference.pool import InferencePool
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import load_tokenizer, usable
 from rlfleet.runs.handles import RunHandles
 from rlfleet.store import RunStore, run_store, step_dir
+from rlfleet.tasks.events import recovered
 from rlfleet.tasks.storage import result_storage
 from rlfleet.trainer.files import is_checkpoint_step, latest_checkpoint
 from rlfleet.trainer.launch import TrainerProcess

@@ -19,11 +19,11 @@ from transformers import AutoTokenizer
 from rlfleet.config.checks import check_lora, check_model, check_output_dir, raise_if
 from rlfleet.config.models import SFTConfig
 from rlfleet.report import curve_png, mean_or_none, step_progress
-from rlfleet.runs.resume import discard_stale
 from rlfleet.store import RunStore, run_store, step_dir
 from rlfleet.trainer.loop import Batch, train
 from rlfleet.trainer.nll import NLL
 from rlfleet.trainer.parallel import Parallel
+from rlfleet.trainer.resume import discard_stale
 from rlfleet.trainer.sft_data import check_data, load_dataset, step_batches
 from rlfleet.trainer.train import Policy
 from rlfleet.weights.filesystem import FilesystemPublisher

@@ -1,4 +1,5 @@
-"""Where a run resumes, and the work of a dead life past its last checkpoint that it cannot reuse."""
+"""Where a run resumes, and the work of a dead life past its last checkpoint that it cannot reuse.
+The RL flow asks it before it starts anything; the SFT trainer, which resumes by itself, too."""
 
 from __future__ import annotations
 
