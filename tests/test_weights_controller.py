@@ -4,19 +4,17 @@ real run store, without vLLM or a trainer process."""
 from __future__ import annotations
 
 import os
-from typing import get_args
 
 import pytest
 
 from rlfleet.config.loader import ConfigError, load
 from rlfleet.config.models import RLConfig
-from rlfleet.config.weights import WeightsConfig, placed_transport
+from rlfleet.config.weights import TRANSPORTS, AutoConfig, NcclConfig, placed, transport_config
 from rlfleet.procs import this_process
 from rlfleet.runs.configs import preflight
 from rlfleet.store import RunStore, step_dir
-from rlfleet.weights.controller import CONTROLLERS, Sender, make_controller
+from rlfleet.weights.controller import Sender, make_controller
 from rlfleet.weights.tickets import REGROUP, REGROUPED, ticket_rel
-from rlfleet.weights.vllm_worker import RECEIVE
 
 DEAD = {"pid": os.getpid(), "started": 0.0}  # this pid, another start time: a process that exited
 
@@ -40,11 +38,16 @@ class FakeTrainer:
         return self.error
 
 
-def test_every_configurable_transport_has_a_controller_and_a_receiver():
-    configurable = set(get_args(WeightsConfig.model_fields["transport"].annotation))
-    assert configurable - {"auto"} == set(CONTROLLERS) == set(RECEIVE)
+def test_every_transport_in_the_registry_has_its_three_parts():
+    assert set(TRANSPORTS) == {"filesystem", "cuda_ipc", "nccl"}
+    for name, entry in TRANSPORTS.items():
+        assert make_controller(name).name == name
+        for side in ("publisher", "receiver"):
+            assert callable(entry.part(side)), (name, side)
     with pytest.raises(ValueError, match="unknown weights transport 'rdma'"):
         make_controller("rdma")
+    with pytest.raises(ValueError, match="unknown weights transport 'rdma'"):
+        transport_config("rdma")
 
 
 def test_filesystem_ticket_is_the_newest_complete_weights_at_or_before_the_step(tmp_path):
@@ -170,9 +173,10 @@ def test_preflight_refuses_cuda_ipc_on_separate_gpus_naming_the_field(model_dir,
 
 
 def test_auto_is_cuda_ipc_on_one_shared_gpu_and_filesystem_elsewhere():
-    auto, pinned = WeightsConfig(), WeightsConfig(transport="nccl")
-    assert placed_transport(auto, ["0"], ["0"]) == "cuda_ipc"
-    assert placed_transport(auto, ["0"], ["1"]) == "filesystem"
-    assert placed_transport(auto, [], []) == "filesystem"  # CPU
-    assert placed_transport(auto, ["0", "1"], ["0", "1"]) == "filesystem"
-    assert placed_transport(pinned, ["0"], ["0"]) == "nccl"
+    auto, pinned = AutoConfig(timeout_s=5), NcclConfig()
+    assert placed(auto, ["0"], ["0"]).transport == "cuda_ipc"
+    assert placed(auto, ["0"], ["1"]).transport == "filesystem"
+    assert placed(auto, [], []).transport == "filesystem"  # CPU
+    assert placed(auto, ["0", "1"], ["0", "1"]).transport == "filesystem"
+    assert placed(auto, ["0"], ["0"]).timeout_s == 5  # the settings go with it
+    assert placed(pinned, ["0"], ["0"]) is pinned

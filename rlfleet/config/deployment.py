@@ -54,6 +54,17 @@ Deployment = Annotated[
 ]
 """`[deployment]`: `type` picks the model; it defaults to single_node."""
 
+
+def not_shared(what: str, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
+    """Why `what`, which needs vLLM and the trainer on one GPU, cannot run on these, else None."""
+    if set(inference_gpus) & set(trainer_gpus):
+        return None
+    return (
+        f"{what} needs vLLM and the trainer on one GPU; they got {inference_gpus or 'none'} and "
+        f"{trainer_gpus or 'none'}"
+    )
+
+
 _SLURM_TIME = re.compile(
     r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^(\d+-)?\d+:\d{1,2}(:\d{1,2})?$|^UNLIMITED$|^INFINITE$"
 )

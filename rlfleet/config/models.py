@@ -26,7 +26,7 @@ from rlfleet.config.lora import LoraConfig
 from rlfleet.config.loss import WithLoss
 from rlfleet.config.rollouts import EvalConfig, OrchestratorConfig
 from rlfleet.config.schedule import LRScheduleConfig
-from rlfleet.config.weights import WeightsConfig, check_transport
+from rlfleet.config.weights import AutoConfig, WeightsConfig
 
 
 class ModelConfig(Strict):
@@ -214,7 +214,7 @@ class TrainerJobConfig(_RunBase, WithLoss):
     """What one trainer process needs; the `rl` flow writes it as `configs/trainer.toml`."""
 
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    weights: WeightsConfig = Field(default_factory=AutoConfig)
     inference: InferenceConfig = Field(
         default_factory=InferenceConfig, description="The replicas the trainer's weights go to."
     )
@@ -229,7 +229,7 @@ class InferenceJobConfig(Strict):
     seed: int = Field(0, description="vLLM's seed.")
     model: ModelConfig
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
-    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    weights: WeightsConfig = Field(default_factory=AutoConfig)
     gpu_ids: list[str] = Field(default_factory=list, description="CUDA devices, tp per replica; empty = CPU.")
     deployment: Deployment = Field(
         default_factory=DeploymentConfig, description="`multi_node`: the inference nodes of a SLURM job."
@@ -291,7 +291,7 @@ class RLConfig(_FlowRunBase, WithLoss):
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
-    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    weights: WeightsConfig = Field(default_factory=AutoConfig)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
 
@@ -325,7 +325,7 @@ class RLConfig(_FlowRunBase, WithLoss):
             )
         if i.port + i.num_replicas - 1 > 65535:
             raise ValueError("inference.port: port + num_replicas - 1 exceeds 65535")
-        check_transport(self.weights, d, i.urls)
+        self.weights.check(d, i.urls)
         if i.sleep and (o.max_async_level or d.type != "single_node" or d.num_inference_gpus != 1):
             raise ValueError(
                 "inference.sleep: vLLM sleeps while the trainer steps on the GPU they share, so it needs "

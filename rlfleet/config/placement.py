@@ -14,7 +14,7 @@ from rlfleet.config.deployment import DeploymentConfig, MultiNodeDeployment
 from rlfleet.config.dtypes import DTYPE_BYTES
 from rlfleet.config.loader import ConfigError
 from rlfleet.config.models import RLConfig
-from rlfleet.config.weights import placed_transport
+from rlfleet.config.weights import placed
 from rlfleet.trainer.sizing import GIB, ModelShape, most_tokens
 
 
@@ -25,16 +25,6 @@ def visible_gpus() -> list[str]:
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-
-
-def not_shared(what: str, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
-    """Why `what`, which needs vLLM and the trainer on one GPU, cannot run on these, else None."""
-    if set(inference_gpus) & set(trainer_gpus):
-        return None
-    return (
-        f"{what} needs vLLM and the trainer on one GPU; they got {inference_gpus or 'none'} and "
-        f"{trainer_gpus or 'none'}"
-    )
 
 
 def assign_gpus(
@@ -100,13 +90,12 @@ def gpu_defaults(
         share = 1.0 - vllm if shared and not i.sleep else 1.0
         tokens = micro_batch_tokens(cfg, shape["seq_len"], trainer_gpus, share, gpu_bytes)
         trainer = trainer.model_copy(update={"micro_batch_tokens": tokens})
-    transport = placed_transport(cfg.weights, inference_gpus, trainer_gpus)
     return cfg.model_copy(
         update={
             "inference": i.model_copy(update=update),
             "orchestrator": o.model_copy(update=shape),
             "trainer": trainer,
-            "weights": cfg.weights.model_copy(update={"transport": transport}),
+            "weights": placed(cfg.weights, inference_gpus, trainer_gpus),
         }
     )
 

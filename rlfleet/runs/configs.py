@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from rlfleet.config.checks import check_lora, check_model, check_output_dir, check_ports, raise_if
-from rlfleet.config.deployment import slurm_missing
+from rlfleet.config.deployment import not_shared, slurm_missing
 from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.models import RLConfig
-from rlfleet.config.placement import assign_gpus, gpu_defaults, not_shared, split_cpus
-from rlfleet.config.weights import placed_transport
+from rlfleet.config.placement import assign_gpus, gpu_defaults, split_cpus
+from rlfleet.config.weights import placed
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.store import run_store
-from rlfleet.weights.controller import make_controller
 
 
 def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> dict[str, str]:
@@ -51,7 +50,7 @@ def preflight(cfg: RLConfig, ports: bool = True) -> tuple[list[str], list[str]]:
     except ConfigError as e:
         problems.append(str(e))
         gpus = ([], [])
-    if problem := make_controller(placed_transport(cfg.weights, *gpus)).placement(*gpus):
+    if problem := placed(cfg.weights, *gpus).placement(*gpus):
         problems.append(problem)
     if cfg.inference.sleep and (problem := not_shared("inference.sleep", *gpus)):
         problems.append(problem)

@@ -141,9 +141,7 @@ class TokenBudget:
 def transport_bytes(cfg: TrainerJobConfig, policy: Policy) -> int:
     """GPU memory the weight transport allocates at its first publish, after step 0's training:
     cuda_ipc's two slots, nccl's buckets, each a copy of the weights in vLLM's dtype."""
-    from rlfleet.weights.cuda_ipc import SLOTS
-
-    copies = {"cuda_ipc": SLOTS, "nccl": 1}.get(cfg.weights.transport, 0)
+    copies = cfg.weights.trainer_copies
     dtype = torch_dtype(cfg.inference.vllm_dtype(cfg.model.dtype, True))
     return copies * sum(p.numel() for p in policy.parameters()) * dtype.itemsize
 

@@ -8,10 +8,12 @@
 - nccl (`nccl.py`): trainer rank 0 broadcasts the parameters to every vLLM worker over a process
   group of their own (gloo when the trainer runs on a CPU).
 
-Trainer side: `publisher.make_publisher(...)`. Controller side: `controller.make_controller(...)`
-owns what differs by transport (step N's ticket, a relaunched replica's resync, preflight's
-placement rule) and `client.load(url, ticket)` hands a ticket to a replica, whose worker runs
-`vllm_worker.WeightSync` (one receiver per transport); every transport's load ends in
+Each transport is one entry of the registry in config/weights.py: its settings, its config and
+placement checks, and where its three parts live. Trainer side: `publisher.make_publisher(...)`
+builds the entry's publisher. Controller side: `controller.make_controller(...)` owns what differs
+by transport (step N's ticket, a relaunched replica's resync) and `client.load(url, ticket)` hands a
+ticket to a replica, whose worker runs `vllm_worker.WeightSync` (the ticket's transport's receiver,
+`worker_receive` in its module); every transport's load ends in
 `vllm_reload.reload_in_place` and sends what `trainer/hf_export.sent_tensors` picks (under LoRA, merged
 weights). `tickets` is what both sides share. Checkpoints and resumes load files; a relaunched
 replica starts from files and its transport brings it to the served weights (`InferencePool._resync`).

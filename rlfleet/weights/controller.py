@@ -1,11 +1,11 @@
-"""The controller's side of the seam: one class per transport, picked by name (`make_controller`).
+"""The controller's side of the seam: one class of rules per transport, which the registry
+(config/weights.py) names and `make_controller` builds with the transport's name.
 
 Each class owns every controller-side rule that differs by transport: where step N's ticket comes
 from (`ticket`), what replicas relaunched from files load to serve the pool's weights again
-(`resync`), which broadcast loads nothing (`skip`), which directory a relaunch starts from
-(`files`) and where vLLM and the trainer must run (`placement`, for preflight). The pool, the
-broadcast task and preflight ask these and never test a transport's name; a new transport is one
-class here and one entry in `CONTROLLERS` (and its publisher and worker receiver).
+(`resync`), which broadcast loads nothing (`skip`) and which directory a relaunch starts from
+(`files`). The pool and the broadcast task ask these and never test a transport's name; a new
+transport is one class here, one registry entry, and its own module (publisher and receiver).
 
 The pool picks by the ticket it holds, not by the config: a resumed run loads files whatever its
 transport, and a replica relaunched then needs nothing more. The classes hold no state and no
@@ -19,9 +19,9 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
-from rlfleet.config.placement import not_shared
+from rlfleet.config.weights import FILES, transport_config
 from rlfleet.procs import this_process
 from rlfleet.store import RunStore
 from rlfleet.weights.tickets import REGROUP, REGROUPED, newest_weights, sender_running, trainer_ticket
@@ -45,7 +45,7 @@ class Sender:
 
 
 class ControllerTransport(Protocol):
-    name: ClassVar[str]
+    name: str  # the transport's, from the registry
 
     def ticket(self, store: RunStore, step: int, sender: Sender | None = None) -> Ticket:
         """Step N's ticket for the broadcast. `sender` keeps a sending trainer running; without
@@ -62,21 +62,19 @@ class ControllerTransport(Protocol):
         """The directory holding `ticket`'s weights, which a relaunched replica starts from;
         None: not in files (the pool keeps the last directory it had)."""
 
-    def placement(self, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
-        """Why this transport cannot run with vLLM and the trainer on these GPUs, else None."""
-
 
 def files_ticket(store: RunStore, step: int) -> Ticket:
     """The newest verified weights at or before `step`: what a resumed run loads, any transport.
     Sizes only (checksum=False): this run's trainer hashed them as it wrote them."""
     s, path = newest_weights(store, step, checksum=False)
-    return {"transport": "filesystem", "step": s, "path": path}
+    return {"transport": FILES, "step": s, "path": path}
 
 
+@dataclass(frozen=True)
 class Filesystem:
     """`weights/step_N`, reloaded in place; a relaunched replica starts from the same files."""
 
-    name = "filesystem"
+    name: str
 
     def ticket(self, store: RunStore, step: int, sender: Sender | None = None) -> Ticket:
         return files_ticket(store, step)
@@ -90,15 +88,13 @@ class Filesystem:
     def files(self, ticket: Ticket) -> str | None:
         return ticket["path"]
 
-    def placement(self, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
-        return None
 
-
+@dataclass(frozen=True)
 class CudaIpc:
     """The trainer's GPU buffers, mapped by vLLM. The trainer keeps the served step's buffer until
     the controller acknowledges the next (`write_served`), so a relaunched replica maps it again."""
 
-    name = "cuda_ipc"
+    name: str
 
     def ticket(self, store: RunStore, step: int, sender: Sender | None = None) -> Ticket:
         return trainer_ticket(store, step, self.name)
@@ -112,23 +108,20 @@ class CudaIpc:
     def files(self, ticket: Ticket) -> str | None:
         return None
 
-    def placement(self, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
-        what = "weights.transport: cuda_ipc maps the trainer's GPU memory into vLLM, so it"
-        return not_shared(what, inference_gpus, trainer_gpus)
 
-
+@dataclass(frozen=True)
 class Nccl:
     """A broadcast from the trainer, which sends each step once, to a group that cannot grow: a
     relaunched replica needs a new group (`regroup`), and the trainer's answer brings every
     replica to its newest weights, so the broadcast of a step the pool then serves loads nothing."""
 
-    name = "nccl"
+    name: str
 
     def ticket(self, store: RunStore, step: int, sender: Sender | None = None) -> Ticket:
         if sender is None:
             return trainer_ticket(store, step, self.name)
         trainer = sender.running()
-        return live_ticket(store, step, lambda: trainer.failure(store, step), sender.timeout_s)
+        return live_ticket(store, step, self.name, lambda: trainer.failure(store, step), sender.timeout_s)
 
     def resync(self, store: RunStore, held: Ticket, timeout_s: float) -> Ticket | None:
         return regroup(store, timeout_s)
@@ -139,32 +132,30 @@ class Nccl:
     def files(self, ticket: Ticket) -> str | None:
         return None
 
-    def placement(self, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
-        return None  # one node, one trainer rank: the config's own check (`config.weights`)
-
-
-CONTROLLERS: dict[str, ControllerTransport] = {c.name: c for c in (Filesystem(), CudaIpc(), Nccl())}
-
 
 def make_controller(transport: str) -> ControllerTransport:
     """The controller's rules for `transport`: `weights.transport`, or a held ticket's."""
-    try:
-        return CONTROLLERS[transport]
-    except KeyError:
-        raise ValueError(f"unknown weights transport {transport!r}; known: {sorted(CONTROLLERS)}") from None
+    return transport_config(transport).part("controller")(transport)
 
 
 def live_ticket(
-    store: RunStore, step: int, failure: Callable[[], Exception | None], timeout_s: float, poll_s: float = 0.2
+    store: RunStore,
+    step: int,
+    transport: str,
+    failure: Callable[[], Exception | None],
+    timeout_s: float,
+    poll_s: float = 0.2,
 ) -> Ticket:
-    """Step N's nccl ticket, once its sender runs: a relaunched trainer replays up to step N and
-    writes it again. `failure()` names a trainer that died meanwhile (raised)."""
+    """Step N's ticket of a sending `transport` (nccl), once its sender runs: a relaunched trainer
+    replays up to step N and writes it again. `failure()` names a trainer that died meanwhile (raised)."""
     deadline = time.monotonic() + timeout_s
-    while not sender_running(t := trainer_ticket(store, step, "nccl")):
+    while not sender_running(t := trainer_ticket(store, step, transport)):
         if (error := failure()) is not None:
             raise error
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no running trainer wrote the step {step} nccl ticket in {timeout_s:.0f} s")
+            raise TimeoutError(
+                f"no running trainer wrote the step {step} {transport} ticket in {timeout_s:.0f} s"
+            )
         time.sleep(poll_s)
     return t
 

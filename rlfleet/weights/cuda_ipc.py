@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import base64
 import pickle
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 from rlfleet.config.dtypes import torch_dtype
+from rlfleet.config.models import TrainerJobConfig
+from rlfleet.config.weights import CudaIpcConfig
 from rlfleet.store import RunStore
 from rlfleet.trainer.hf_export import sent_state
 from rlfleet.trainer.parallel import Parallel
 from rlfleet.weights import tensors
+from rlfleet.weights.publisher import vllm_dtype
 from rlfleet.weights.tickets import ticket_rel, wait_served
 
-SLOTS = 2
+SLOTS = CudaIpcConfig.trainer_copies
 
 
 class IpcPublisher:
@@ -73,6 +76,10 @@ class IpcPublisher:
         self.slots.clear()
 
 
+def publisher(cfg: TrainerJobConfig, store: RunStore, par: Parallel) -> IpcPublisher:
+    return IpcPublisher(store, par, vllm_dtype(cfg, par), cfg.weights.timeout_s)
+
+
 def open_buffers(ticket: dict[str, Any], device: torch.device) -> list[torch.Tensor]:
     """The trainer's buffers of `ticket`, mapped into this (vLLM worker) process on `device`."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
@@ -86,3 +93,10 @@ def open_buffers(ticket: dict[str, Any], device: torch.device) -> list[torch.Ten
         args[6] = device.index  # reduce_tensor's device slot: ours, in our CUDA_VISIBLE_DEVICES numbering
         out.append(rebuild_cuda_tensor(*args))
     return out
+
+
+def worker_receive(
+    worker: Any, ticket: dict[str, Any], rank_base: int, device: torch.device
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A vLLM worker's views of the trainer's buffers, by name."""
+    return tensors.views(open_buffers(ticket, device), ticket["layout"])

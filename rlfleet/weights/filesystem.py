@@ -1,13 +1,16 @@
-"""The filesystem transport, trainer side: `weights/step_N` as an HF model directory that vLLM
-reloads in place. The controller's side (which directory a load names) is `tickets.newest_weights`.
+"""The filesystem transport: `weights/step_N` as an HF model directory that vLLM reloads in place,
+reading the files with its own loader. The controller's side (which directory a load names) is
+`tickets.newest_weights`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from rlfleet.config.models import TrainerJobConfig
 from rlfleet.store import RunStore, step_dir
 from rlfleet.trainer import hf_export
 from rlfleet.trainer.files import prune_steps
@@ -42,3 +45,19 @@ class FilesystemPublisher:
 
     def close(self) -> None:
         pass
+
+
+def publisher(cfg: TrainerJobConfig, store: RunStore, par: Parallel) -> FilesystemPublisher:
+    return FilesystemPublisher(store, par, cfg.model.path, cfg.trainer.keep_weights)
+
+
+def worker_receive(
+    worker: Any, ticket: dict[str, Any], rank_base: int, device: torch.device
+) -> Iterable[tuple[str, torch.Tensor]]:
+    """The HF files of `ticket` as vLLM's loader reads them, lazily as the load consumes them: what
+    its own `reload_weights` does with a `weights_path`, model config included."""
+    from vllm.model_executor.model_loader import get_model_loader
+
+    mc = worker.model_config
+    mc.model, mc.model_weights, mc.revision = ticket["path"], "", None
+    return get_model_loader(worker.load_config).get_all_weights(mc, worker.model_runner.model)

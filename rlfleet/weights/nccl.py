@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -40,11 +40,13 @@ import torch
 import torch.distributed as dist
 
 from rlfleet.config.dtypes import torch_dtype
+from rlfleet.config.models import TrainerJobConfig
 from rlfleet.procs import running, this_process
 from rlfleet.store import RunStore
 from rlfleet.trainer.hf_export import sent_state
 from rlfleet.trainer.parallel import Parallel
 from rlfleet.weights import tensors
+from rlfleet.weights.publisher import vllm_dtype
 from rlfleet.weights.tickets import REGROUP, REGROUPED, sender_running, served_step, ticket_rel
 
 log = logging.getLogger("rlfleet.weights")
@@ -252,9 +254,47 @@ class NcclPublisher:
         self.group = None  # drops the rendezvous server with it
 
 
+def publisher(cfg: TrainerJobConfig, store: RunStore, par: Parallel) -> NcclPublisher:
+    w = cfg.weights
+    return NcclPublisher(store, par, vllm_dtype(cfg, par), w.nccl_port, cfg.inference.workers, w.timeout_s)
+
+
 def receive(ticket: dict[str, Any], group: Group, device: torch.device) -> list[torch.Tensor]:
     """The buckets of `ticket`, received from rank 0 into fresh buffers on `device`."""
     dtype = torch_dtype(ticket["dtype"])
     buckets = [torch.empty(n, dtype=dtype, device=device) for n in tensors.bucket_sizes(ticket["layout"])]
     broadcast(group, buckets, stop=sender_gone(ticket))
     return buckets
+
+
+def worker_receive(
+    worker: Any, ticket: dict[str, Any], rank_base: int, device: torch.device
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A vLLM worker's share of the broadcast: its member of the trainer's group (`worker_group`)
+    receives the buckets, read back as views by name."""
+    group = worker_group(worker, ticket, rank_base, device)
+    try:
+        buckets = receive(ticket, group, device)
+    except BaseException:
+        worker._rlfleet_pg = None  # aborted or broken: the next ticket builds a new one
+        raise
+    return tensors.views(buckets, ticket["layout"])
+
+
+def worker_group(worker: Any, ticket: dict[str, Any], rank_base: int, device: torch.device) -> Group:
+    """The worker's member of the trainer's group, kept on the worker; rebuilt when a new trainer
+    names a new one."""
+    g = ticket["group"]
+    cached = getattr(worker, "_rlfleet_pg", None)
+    if cached is None or cached[0] != g["id"]:
+        # a sender gone took its rendezvous store with it: connecting would wait out the timeout
+        if not sender_running(ticket):
+            raise SenderDied(
+                f"the trainer (pid {g['pid']}) that wrote the step {ticket['step']} ticket exited"
+            )
+        if cached is not None:
+            cached[1].pg.abort()  # the previous trainer's group; its sender is gone
+        rank = rank_base + getattr(worker, "rank", 0)
+        group = open_group(g["host"], g["port"], rank, g["world"], device, ticket["timeout_s"])
+        worker._rlfleet_pg = (g["id"], group)
+    return worker._rlfleet_pg[1]

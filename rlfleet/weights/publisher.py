@@ -1,4 +1,5 @@
-"""The trainer's side of the seam: one publisher per trainer process, picked by `weights.transport`."""
+"""The trainer's side of the seam: one publisher per trainer process, the one its `weights.transport`
+names in the registry (config/weights.py)."""
 
 from __future__ import annotations
 
@@ -26,16 +27,9 @@ class Publisher(Protocol):
 
 
 def make_publisher(cfg: TrainerJobConfig, store: RunStore, par: Parallel) -> Publisher:
-    w = cfg.weights
-    vllm_dtype = cfg.inference.vllm_dtype(cfg.model.dtype, par.device.type == "cuda")
-    if w.transport == "cuda_ipc":
-        from rlfleet.weights.cuda_ipc import IpcPublisher
+    return cfg.weights.part("publisher")(cfg, store, par)
 
-        return IpcPublisher(store, par, vllm_dtype, w.timeout_s)
-    if w.transport == "nccl":
-        from rlfleet.weights.nccl import NcclPublisher
 
-        return NcclPublisher(store, par, vllm_dtype, w.nccl_port, cfg.inference.workers, w.timeout_s)
-    from rlfleet.weights.filesystem import FilesystemPublisher
-
-    return FilesystemPublisher(store, par, cfg.model.path, cfg.trainer.keep_weights)
+def vllm_dtype(cfg: TrainerJobConfig, par: Parallel) -> str:
+    """The dtype vLLM serves in: what a transport that fills buffers casts to."""
+    return cfg.inference.vllm_dtype(cfg.model.dtype, par.device.type == "cuda")
