@@ -214,7 +214,9 @@ class TrainerJobConfig(_RunBase, WithLoss):
     """What one trainer process needs; the `rl` flow writes it as `configs/trainer.toml`."""
 
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    weights: WeightsConfig = Field(default_factory=AutoConfig)
+    weights: WeightsConfig = Field(
+        default_factory=AutoConfig, description="How each step's weights reach vLLM."
+    )
     inference: InferenceConfig = Field(
         default_factory=InferenceConfig, description="The replicas the trainer's weights go to."
     )
@@ -229,7 +231,9 @@ class InferenceJobConfig(Strict):
     seed: int = Field(0, description="vLLM's seed.")
     model: ModelConfig
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
-    weights: WeightsConfig = Field(default_factory=AutoConfig)
+    weights: WeightsConfig = Field(
+        default_factory=AutoConfig, description="How each step's weights reach vLLM."
+    )
     gpu_ids: list[str] = Field(default_factory=list, description="CUDA devices, tp per replica; empty = CPU.")
     deployment: Deployment = Field(
         default_factory=DeploymentConfig, description="`multi_node`: the inference nodes of a SLURM job."
@@ -291,7 +295,9 @@ class RLConfig(_FlowRunBase, WithLoss):
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
-    weights: WeightsConfig = Field(default_factory=AutoConfig)
+    weights: WeightsConfig = Field(
+        default_factory=AutoConfig, description="How each step's weights reach vLLM."
+    )
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
 

@@ -110,8 +110,8 @@ class NcclConfig(TransportConfig):
 
 
 class AutoConfig(FilesystemConfig):
-    """Not a transport of its own: `placed` picks one once the GPUs are known. Unplaced (a trainer
-    started alone) it loads files."""
+    """Not a transport of its own: the placement picks cuda_ipc or filesystem once the GPUs are
+    known (`placed`); a trainer started alone loads files."""
 
     transport: Literal["auto"] = Field(
         "auto", description="cuda_ipc when vLLM and the trainer share one GPU, else filesystem."
