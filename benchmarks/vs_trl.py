@@ -92,15 +92,15 @@ def run_rlfleet(
     argv: list[str], out: Path, log: Path, env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> dict[str, Any]:
     """`rlfleet rl argv` (another checkout's: its root as `cwd` and in env's PYTHONPATH), read back."""
-    from rlfleet.runs.status import step_records
     from rlfleet.store import RunStore
+    from rlfleet.store.records import read_steps
 
     exe = Path(sys.executable).parent / "rlfleet"  # else the module, from an uninstalled checkout
     t0, wall = timed_command(
         [*([str(exe)] if exe.exists() else [sys.executable, "-m", "rlfleet.cli"]), "rl", *argv], log, env, cwd
     )
     store = RunStore(str(out))
-    recs = step_records(store)
+    recs = read_steps(store)
     tokens = [
         store.read_json(f"rollouts/step_{r['step']}/manifest.json")["num_completion_tokens"] for r in recs
     ]

@@ -102,10 +102,10 @@ def assert_readable_in_prefect(state, out: Path, summary: dict) -> None:
         "train/loss",
         "train/grad_norm",
         "train/lr",
-        "rollout/reward_mean",
+        "rollout/mean_reward",
         "timing/step_seconds",
     } <= logged
-    assert not {"train/reward_mean", "train/step_seconds", "train/max_staleness"} & logged  # no twins
+    assert not {"train/mean_reward", "train/step_seconds", "train/max_staleness"} & logged  # no twins
     assert config["prefect_flow_run_id"] == str(run_id) and str(run_id) in config["prefect_flow_run_url"]
 
 

@@ -6,7 +6,8 @@ import fsspec
 import pytest
 
 from rlfleet.store import runstore
-from rlfleet.store.runstore import MANIFEST, CorruptArtifact, RunStore, step_dir
+from rlfleet.store.layout import MANIFEST, step_dir
+from rlfleet.store.runstore import CorruptArtifact, RunStore
 
 
 def _stage(store, rel, files):
