@@ -26,22 +26,6 @@ STEPS = "steps"  # the flow's (records.StepRecord)
 SYNC = "sync"  # weight tickets of the transports that send tensors (weights/tickets.py)
 EVALS = "evals"  # records.EvalRecord; `evals/base.json` before training
 
-
-# Inside artifacts.
-def rollout_shard(replica: int) -> str:
-    return f"replica_{replica}.jsonl"
-
-
-def micro_batch(k: int) -> str:
-    return f"micro_{k}.safetensors"
-
-
-CHECKPOINT_MODEL = "model"  # HF model dir: eval, a relaunched replica, a resume's from_pretrained
-OPTIMIZER = "optimizer.pt"  # unsharded trainer state; sharded (FSDP2) it is `DCP`
-ADAPTER = "adapter.pt"  # LoRA adapters beside OPTIMIZER
-DCP = "dcp"  # torch.distributed.checkpoint of every rank's shards
-
-
 # Whole-run files.
 SUMMARY = "summary.json"
 REWARD_CURVE = "reward_curve.png"
@@ -58,7 +42,12 @@ BUFFER_GROUPS = "buffer/groups"  # finished groups the rollout stream has not pu
 BUFFER_CURSOR = "buffer/cursor.json"  # the next prompt chunk the stream draws
 SLURM_JOB = "slurm/job.json"
 
-STEP_ARTIFACTS = (WEIGHTS, ROLLOUTS, BATCHES, CHECKPOINTS)
+# Inside a checkpoint.
+CHECKPOINT_MODEL = "model"  # HF model dir: eval, a relaunched replica, a resume's from_pretrained
+OPTIMIZER = "optimizer.pt"  # unsharded trainer state; sharded (FSDP2) it is `DCP`
+ADAPTER = "adapter.pt"  # LoRA adapters beside OPTIMIZER
+DCP = "dcp"  # torch.distributed.checkpoint of every rank's shards
+
 STEP_RECORDS = (METRICS, STEPS, SYNC)  # what a resume discards past its checkpoint (runs/resume.py)
 
 
@@ -76,9 +65,14 @@ def step_of(name: str, suffix: str = "") -> int | None:
     return int(n) if n.isdigit() else None
 
 
-def artifact_file(kind: str, step: int, name: str) -> str:
-    """A file inside artifact `<kind>/step_N` (CHECKPOINT_MODEL, OPTIMIZER, MANIFEST, ...)."""
-    return f"{step_dir(kind, step)}/{name}"
+def rollout_shard(replica: int) -> str:
+    """A shard of `rollouts/step_N`: one JSONL of trajectory records per replica."""
+    return f"replica_{replica}.jsonl"
+
+
+def micro_batch(k: int) -> str:
+    """The k-th file of `batches/step_N`."""
+    return f"micro_{k}.safetensors"
 
 
 def eval_record(step: int | None) -> str:

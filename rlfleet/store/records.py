@@ -6,8 +6,8 @@ step record, eval record, summary). Each per-step JSON has one writer and one re
 (`write_*` / `read_*`); where each file lives is `layout.py`.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Python 3.11's TypedDict sees NotRequired only in
+# evaluated annotations (`__optional_keys__`, which tests/test_e2e.py checks the files against).
 from typing import Any, NotRequired, TypedDict
 
 from rlfleet.store import layout
@@ -101,7 +101,8 @@ class CheckpointManifest(Manifest):
 
 
 class TrainerMetrics(TypedDict):
-    """`metrics/step_N.json` of an RL trainer (trainer/rl.py); its existence says step N is done.
+    """`metrics/step_N.json` of an RL trainer (trainer/loop.py with trainer/rl.py's fields); its
+    existence says step N is done.
 
     Also: each loss term's metric (trainer/losses/objective.py) and an MoE's `router/<name>`."""
 
@@ -135,6 +136,7 @@ class SFTMetrics(TypedDict):
     epoch: int
     loss: float
     loss_tokens: int
+    tokens: int  # input tokens, prompts included
     grad_norm: float
     lr: float
     train_seconds: float
@@ -185,7 +187,7 @@ def write_metrics(store: RunStore, step: int, metrics: TrainerMetrics | SFTMetri
     store.write_json(layout.step_json(layout.METRICS, step), metrics)
 
 
-def read_metrics(store: RunStore, step: int) -> Any:
+def read_metrics(store: RunStore, step: int) -> TrainerMetrics | SFTMetrics | None:
     """Step N's trainer metrics (TrainerMetrics or SFTMetrics, by the run), None before it is done."""
     rel = layout.step_json(layout.METRICS, step)
     return store.read_json(rel) if store.exists(rel) else None
