@@ -28,7 +28,8 @@ from common import ROOT, free_port, median, run_rl, table, write
 
 from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
-from rlfleet.store import RunStore
+from rlfleet.store import RunStore, layout
+from rlfleet.store.records import read_rollout_manifest
 
 ARITH = ROOT / "examples" / "arithmetic"
 LOSSES: dict[str, list[str]] = {
@@ -46,7 +47,7 @@ def sft(out: Path) -> Path:
     subprocess.run(
         [*cmd, "--model.path", str(ROOT / "models/tiny"), "--output-dir", str(out)], cwd=ROOT, check=True
     )
-    return out / "weights" / "step_99"
+    return out / layout.step_dir(layout.WEIGHTS, 99)
 
 
 def variant(name: str, weights: Path, out: Path, steps: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -68,7 +69,7 @@ def variant(name: str, weights: Path, out: Path, steps: int, extra: tuple[str, .
     evals = {
         int(p.stem[5:]): json.loads(p.read_text())["pass_rate"] for p in (out / "evals").glob("step_*.json")
     }
-    shaping = [store.manifest(f"rollouts/step_{r['step']}", verify=False).get("shaping", {}) for r in records]
+    shaping = [read_rollout_manifest(store, r["step"]).get("shaping", {}) for r in records]
     return {
         "pass_at_1": dict(sorted(evals.items())),
         "final_pass_at_1": evals[max(evals)] if evals else None,

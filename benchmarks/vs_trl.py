@@ -93,7 +93,7 @@ def run_rlfleet(
 ) -> dict[str, Any]:
     """`rlfleet rl argv` (another checkout's: its root as `cwd` and in env's PYTHONPATH), read back."""
     from rlfleet.store import RunStore
-    from rlfleet.store.records import read_steps
+    from rlfleet.store.records import read_metrics, read_rollout_manifest, read_steps
 
     exe = Path(sys.executable).parent / "rlfleet"  # else the module, from an uninstalled checkout
     t0, wall = timed_command(
@@ -101,11 +101,9 @@ def run_rlfleet(
     )
     store = RunStore(str(out))
     recs = read_steps(store)
-    tokens = [
-        store.read_json(f"rollouts/step_{r['step']}/manifest.json")["num_completion_tokens"] for r in recs
-    ]
+    tokens = [read_rollout_manifest(store, r["step"])["num_completion_tokens"] for r in recs]
     # the trainer's save (or GPU copy) of the weights it publishes, inside trainer_seconds
-    publish = [store.read_json(f"metrics/step_{r['step']}.json").get("publish_seconds", 0.0) for r in recs]
+    publish = [read_metrics(store, r["step"]).get("publish_seconds", 0.0) for r in recs]
     per_step = {k: [r[f"{k}_seconds"] for r in recs] for k in ("step", "sample", "trainer", "broadcast")}
     split = {k: median(v) for k, v in per_step.items() if k != "step"} | {"trainer_publish": median(publish)}
     for p in sorted({p for r in recs for p in r["phase_seconds"]}):
