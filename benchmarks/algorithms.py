@@ -16,7 +16,6 @@ each `+ds`: `orchestrator.shaping.dynamic_sampling` (zero-variance groups held a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -66,9 +65,7 @@ def variant(name: str, weights: Path, out: Path, steps: int, extra: tuple[str, .
     args += ["--inference.port", str(free_port()), "--wandb.mode", "disabled"]
     records, wall = run_rl(load(RLConfig, args))
     store = RunStore(str(out))
-    evals = {
-        int(p.stem[5:]): json.loads(p.read_text())["pass_rate"] for p in (out / "evals").glob("step_*.json")
-    }
+    evals = {s: store.read_json(layout.eval_record(s))["pass_rate"] for s in store.json_steps(layout.EVALS)}
     shaping = [read_rollout_manifest(store, r["step"]).get("shaping", {}) for r in records]
     return {
         "pass_at_1": dict(sorted(evals.items())),

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from trainer_mfu import write_config  # noqa: E402
 
-from rlfleet.store import RunStore  # noqa: E402
+from rlfleet.store import RunStore, layout  # noqa: E402
 from rlfleet.trainer.tiny import make_tiny_model  # noqa: E402
 from tests.test_fsdp import _losses, _publish, _run  # noqa: E402
 
@@ -35,7 +35,7 @@ def resume_check(tmp: Path) -> dict:
     shutil.copytree(ref, dist2)
     _run(ref, model, 3, None, gpus="0")
     _run(dist2, model, 1, 2, gpus="0,1")
-    shards = len(list((dist2 / "checkpoints" / "step_0" / "dcp").glob("*.distcp")))
+    shards = len(list((dist2 / layout.step_dir(layout.CHECKPOINTS, 0) / layout.DCP).glob("*.distcp")))
     _run(dist2, model, 3, None, gpus="0")
     return {
         "reference_1gpu": _losses(ref, range(3)),

@@ -450,6 +450,7 @@ def main() -> None:
 
     from rlfleet.config.loader import load
     from rlfleet.config.models import RLConfig
+    from rlfleet.store import layout
 
     shape = SHAPES[a.shape] | ({"dtype": "bfloat16"} if a.device == "cuda" else {})
     env: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
@@ -472,7 +473,7 @@ def main() -> None:
             tokens = a.peak_tokens or PEAK_TOKENS[a.device]
             env["engine_peak"] = engine_peak(cfg, [seqs, 2 * seqs], tokens, a.peak_variants.split(","))
             save_partial(a.out, env, results)
-            for f in (tmp / "peak" / "logs").rglob("*.log"):
+            for f in (tmp / "peak" / layout.LOGS).rglob("*.log"):
                 shutil.copy(f, logs / f"peak_{f.name}")
         peak = env.get("engine_peak", {}).get("by_concurrency", {}).get(str(seqs), {}).get("tokens_per_s")
         rl_runs = runs(parse_variants(a.variants), a.rlfleet_ref, tmp, stack) if a.only != "trl" else []
