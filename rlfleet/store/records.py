@@ -2,8 +2,8 @@
 
 Writers fill every required key, so readers index (`m["clip_frac"]`) instead of guessing a
 default. One name per quantity: the mean reward is `mean_reward` everywhere (rollout manifest,
-step record, eval record, summary). Each per-step JSON has one writer and one reader here
-(`write_*` / `read_*`); where each file lives is `layout.py`.
+step record, eval record, summary). The trainer's metrics and the flow's step records are written
+and read only through the functions below; where each file lives is `layout.py`.
 """
 
 # No `from __future__ import annotations`: Python 3.11's TypedDict sees NotRequired only in
