@@ -16,7 +16,6 @@ each `+ds`: `orchestrator.shaping.dynamic_sampling` (zero-variance groups held a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -28,7 +27,8 @@ from common import ROOT, free_port, median, run_rl, table, write
 
 from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
-from rlfleet.store import RunStore
+from rlfleet.store import RunStore, layout
+from rlfleet.store.records import read_rollout_manifest
 
 ARITH = ROOT / "examples" / "arithmetic"
 LOSSES: dict[str, list[str]] = {
@@ -46,7 +46,7 @@ def sft(out: Path) -> Path:
     subprocess.run(
         [*cmd, "--model.path", str(ROOT / "models/tiny"), "--output-dir", str(out)], cwd=ROOT, check=True
     )
-    return out / "weights" / "step_99"
+    return out / layout.step_dir(layout.WEIGHTS, 99)
 
 
 def variant(name: str, weights: Path, out: Path, steps: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -65,10 +65,8 @@ def variant(name: str, weights: Path, out: Path, steps: int, extra: tuple[str, .
     args += ["--inference.port", str(free_port()), "--wandb.mode", "disabled"]
     records, wall = run_rl(load(RLConfig, args))
     store = RunStore(str(out))
-    evals = {
-        int(p.stem[5:]): json.loads(p.read_text())["pass_rate"] for p in (out / "evals").glob("step_*.json")
-    }
-    shaping = [store.manifest(f"rollouts/step_{r['step']}", verify=False).get("shaping", {}) for r in records]
+    evals = {s: store.read_json(layout.eval_record(s))["pass_rate"] for s in store.json_steps(layout.EVALS)}
+    shaping = [read_rollout_manifest(store, r["step"]).get("shaping", {}) for r in records]
     return {
         "pass_at_1": dict(sorted(evals.items())),
         "final_pass_at_1": evals[max(evals)] if evals else None,

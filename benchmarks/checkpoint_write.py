@@ -29,7 +29,7 @@ from gpu_loop import SHAPES  # noqa: E402
 
 from rlfleet.config.loader import load  # noqa: E402
 from rlfleet.config.models import TrainerJobConfig  # noqa: E402
-from rlfleet.store import RunStore  # noqa: E402
+from rlfleet.store import RunStore, layout  # noqa: E402
 from rlfleet.trainer.checkpoint import CheckpointManager  # noqa: E402
 from rlfleet.trainer.loop import build  # noqa: E402
 from rlfleet.trainer.tiny import make_tiny_model  # noqa: E402
@@ -106,7 +106,10 @@ def main() -> None:
                 held = ckpt.save(step, {"next_step": step + 1})
                 ckpt.wait()
                 total = time.perf_counter() - t0
-                size = sum(f.stat().st_size for f in store.local_path(f"checkpoints/step_{step}").rglob("*"))
+                size = sum(
+                    f.stat().st_size
+                    for f in store.local_path(layout.step_dir(layout.CHECKPOINTS, step)).rglob("*")
+                )
                 row = {"variant": variant, "step": step, "held_s": held, "total_s": total, "bytes": size}
                 rows.append(row | phases.by_step[step])
                 print(rows[-1], flush=True)

@@ -76,7 +76,9 @@ def machine() -> dict[str, Any]:
 
 def write(out: str, results: dict[str, Any]) -> None:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps({"env": machine(), "results": results}, separators=(",", ":"), default=str))
+    Path(out).write_text(
+        json.dumps({"env": machine(), "results": results}, separators=(",", ":"), default=str)
+    )
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
@@ -92,8 +94,8 @@ def run_rl(cfg: RLConfig) -> tuple[list[dict[str, Any]], float]:
     """Flow `rl` in this process (Prefect's API from PREFECT_API_URL, else a temporary local
     server); returns the per-step records and the flow's wall time."""
     from rlfleet.flows.rl import rl
-    from rlfleet.runs.status import step_records
     from rlfleet.store import RunStore
+    from rlfleet.store.records import read_steps
 
     # as `rlfleet rl` does: the temporary server's telemetry heartbeat otherwise logs SQLite lock errors
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -103,7 +105,7 @@ def run_rl(cfg: RLConfig) -> tuple[list[dict[str, Any]], float]:
     wall = time.perf_counter() - t0
     if not state.is_completed():
         raise RuntimeError(f"flow failed: {state}")
-    return step_records(RunStore(cfg.output_dir)), wall
+    return read_steps(RunStore(cfg.output_dir)), wall
 
 
 class CpuSampler:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from trainer_mfu import write_config  # noqa: E402
 
-from rlfleet.store import RunStore  # noqa: E402
+from rlfleet.store import RunStore, layout  # noqa: E402
 from rlfleet.trainer.tiny import make_tiny_model  # noqa: E402
 from tests.synthetic_run import logged_losses, publish_steps, run_job  # noqa: E402
 
@@ -35,7 +35,7 @@ def resume_check(tmp: Path) -> dict:
     shutil.copytree(ref, dist2)
     run_job(ref, model, 3, None, gpus="0")
     run_job(dist2, model, 1, 2, gpus="0,1")
-    shards = len(list((dist2 / "checkpoints" / "step_0" / "dcp").glob("*.distcp")))
+    shards = len(list((dist2 / layout.step_dir(layout.CHECKPOINTS, 0) / layout.DCP).glob("*.distcp")))
     run_job(dist2, model, 3, None, gpus="0")
     return {
         "reference_1gpu": logged_losses(ref, range(3)),

@@ -42,6 +42,8 @@ from typing import Any
 
 from common import median, rl_config, run_rl, table, write
 
+from rlfleet.store import RunDir, RunStore, layout
+from rlfleet.store.records import read_metrics
 from rlfleet.trainer.tiny import make_tiny_model
 
 # make_tiny_model's keywords (rlfleet.trainer.tiny.tiny_config)
@@ -115,10 +117,7 @@ def moe_vs_dense(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def sync_times(out: Path, records: list[dict[str, Any]]) -> list[float]:
     """Per step: the trainer's publish + the controller's broadcast."""
-    publish = {
-        int(p.stem.split("_")[1]): json.loads(p.read_text()).get("publish_seconds", 0.0)
-        for p in (out / "metrics").glob("step_*.json")
-    }
+    publish = {m["step"]: m.get("publish_seconds", 0.0) for m in trainer_metrics(out)}
     return [publish.get(r["step"], 0.0) + r["broadcast_seconds"] for r in records]
 
 
@@ -131,7 +130,7 @@ def steady_steps_per_min(timed: list[dict[str, Any]]) -> float:
 
 def vllm_start(out: Path) -> dict[str, Any]:
     """KV cache size, and vLLM's own timing lines of its start (weights, compile, graph capture)."""
-    log = (out / "logs" / "inference" / "replica_0.log").read_text(errors="replace")
+    log = RunDir(out).replica_log(0).read_text(errors="replace")
     kv = re.findall(r"KV cache size: ([\d,]+) tokens", log)
     timing = re.compile(r"took [\d.]+ ?s|takes [\d.]+ ?s|finished in [\d.]+ ?s|took [\d.]+ seconds")
     lines = [ln.split("] ", 1)[-1] for ln in log.splitlines() if timing.search(ln)]
@@ -141,8 +140,12 @@ def vllm_start(out: Path) -> dict[str, Any]:
 def checkpoint_seconds(out: Path) -> dict[int, float]:
     """Seconds each checkpoint step's trainer spent on its checkpoint (the copy; the write is
     in the background, except the last step's)."""
-    metrics = [json.loads(p.read_text()) for p in (out / "metrics").glob("step_*.json")]
-    return {m["step"]: m["checkpoint_seconds"] for m in metrics if "checkpoint_seconds" in m}
+    return {m["step"]: m["checkpoint_seconds"] for m in trainer_metrics(out) if "checkpoint_seconds" in m}
+
+
+def trainer_metrics(out: Path) -> list[dict[str, Any]]:
+    store = RunStore(out)
+    return [read_metrics(store, s) for s in store.json_steps(layout.METRICS)]
 
 
 class Killer(threading.Thread):
@@ -154,16 +157,16 @@ class Killer(threading.Thread):
         self.out, self.step, self.target, self.killed_at = out, step, target, None
 
     def run(self) -> None:
-        while not (self.out / f"metrics/step_{self.step}.json").exists():
+        while not (self.out / layout.step_json(layout.METRICS, self.step)).exists():
             time.sleep(0.01)
-        os.killpg(int((self.out / f"run/{self.target}.pid").read_text().split()[0]), signal.SIGKILL)
+        os.killpg(int(RunDir(self.out).pidfile(self.target).read_text().split()[0]), signal.SIGKILL)
         self.killed_at = time.time()
 
     def report(self) -> dict[str, Any]:
         """Seconds from the kill to step N+1 trained and finished, and the run's recoveries."""
-        done = json.loads((self.out / "summary.json").read_text())
+        done = json.loads((self.out / layout.SUMMARY).read_text())
         after = {r["step"]: r for r in done["steps"]}.get(self.step + 1, {})
-        trained = (self.out / f"metrics/step_{self.step + 1}.json").stat().st_mtime
+        trained = (self.out / layout.step_json(layout.METRICS, self.step + 1)).stat().st_mtime
         return {
             "killed": self.target,
             "killed_after_step": self.step,

@@ -99,10 +99,12 @@ def run_variant(argv: list[str], out: Path, logs: Path, name: str, root: Path) -
     # the other checkout in place of this one; the rest of PYTHONPATH (a GPU machine's site dir) kept
     path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT]
     env = None if root == ROOT else dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), *path]))
+    from rlfleet.store import layout
+
     res = run_rlfleet(argv, out, logs / f"{name}.log", env, root)
-    for f in (out / "logs").rglob("*.log"):
+    for f in (out / layout.LOGS).rglob("*.log"):
         shutil.copy(f, logs / f"{name}_{f.parent.name}_{f.name}")
-    last = json.loads((out / "steps" / f"step_{len(res['per_step']['step']) - 1}.json").read_text())
+    last = json.loads((out / layout.step_json(layout.STEPS, len(res["per_step"]["step"]) - 1)).read_text())
     stream = last.get("stream") or {}  # the rollout stream's lifetime counts (absent before it existed)
     loop_s = res["steps"] / res["steps_per_s"]
     return res | {
@@ -113,13 +115,17 @@ def run_variant(argv: list[str], out: Path, logs: Path, name: str, root: Path) -
 
 def finished_steps(out: Path) -> list[dict[str, Any]]:
     """The flow's records of the steps a run finished (a run cut short by a time limit keeps them)."""
-    files = sorted((out / "steps").glob("step_*.json"), key=lambda f: int(f.stem.removeprefix("step_")))
-    return [json.loads(f.read_text()) for f in files]
+    from rlfleet.store import RunStore
+    from rlfleet.store.records import read_steps
+
+    return read_steps(RunStore(out))
 
 
 def rollout_records(out: Path, step: int) -> list[dict[str, Any]]:
     """rlfleet's sample records of one step, read from the store's files (local output_dir)."""
-    files = sorted((out / "rollouts" / f"step_{step}").glob("*.jsonl"))
+    from rlfleet.store import layout
+
+    files = sorted((out / layout.step_dir(layout.ROLLOUTS, step)).glob("*.jsonl"))
     return [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
 
 
@@ -444,6 +450,7 @@ def main() -> None:
 
     from rlfleet.config.loader import load
     from rlfleet.config.models import RLConfig
+    from rlfleet.store import layout
 
     shape = SHAPES[a.shape] | ({"dtype": "bfloat16"} if a.device == "cuda" else {})
     env: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
@@ -466,7 +473,7 @@ def main() -> None:
             tokens = a.peak_tokens or PEAK_TOKENS[a.device]
             env["engine_peak"] = engine_peak(cfg, [seqs, 2 * seqs], tokens, a.peak_variants.split(","))
             save_partial(a.out, env, results)
-            for f in (tmp / "peak" / "logs").rglob("*.log"):
+            for f in (tmp / "peak" / layout.LOGS).rglob("*.log"):
                 shutil.copy(f, logs / f"peak_{f.name}")
         peak = env.get("engine_peak", {}).get("by_concurrency", {}).get(str(seqs), {}).get("tokens_per_s")
         rl_runs = runs(parse_variants(a.variants), a.rlfleet_ref, tmp, stack) if a.only != "trl" else []

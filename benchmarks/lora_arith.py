@@ -23,6 +23,8 @@ from typing import Any
 from algorithms import ARITH, sft, variant
 from common import ROOT, free_port, write
 
+from rlfleet.store import layout
+
 LORA = {"rank": 16, "alpha": 32, "lr": 1e-3}
 ARGS = (
     "--trainer.lora.rank",
@@ -39,7 +41,7 @@ def eval_pass_at_1(weights: Path, out: Path) -> float:
     cmd = [sys.executable, "-m", "rlfleet.cli", "eval", "@", str(ARITH / "eval.toml"), "--checkpoint", "base"]
     cmd += ["--model.path", str(weights), "--output-dir", str(out), "--inference.port", str(free_port())]
     subprocess.run(cmd, cwd=ROOT, check=True)
-    return json.loads((out / "evals" / "base.json").read_text())["pass_rate"]
+    return json.loads((out / layout.eval_record(None)).read_text())["pass_rate"]
 
 
 def main() -> None:

@@ -41,8 +41,8 @@ def no_bytecode(tmp: Path) -> dict[str, str]:
 
 def first_step(variant: str, model: Path, tmp: Path, i: int) -> dict[str, Any]:
     """One run of the job; seconds from the command's start to vLLM ready and to step 0's end."""
-    from rlfleet.runs.status import step_records
     from rlfleet.store import RunStore
+    from rlfleet.store.records import read_steps
 
     out = tmp / f"{variant}_{i}"
     argv = ["@", str(JOB), "--model.path", str(model), "--output-dir", str(out), "--max-steps", "2"]
@@ -57,7 +57,7 @@ def first_step(variant: str, model: Path, tmp: Path, i: int) -> dict[str, Any]:
     wall = time.time() - t0
     if rc:
         raise RuntimeError(f"{variant} exited {rc}:\n" + "\n".join(log.read_text().splitlines()[-30:]))
-    (rec, *_) = step_records(RunStore(str(out)))
+    (rec, *_) = read_steps(RunStore(str(out)))
     line = next(ln for ln in log.read_text().splitlines() if "ready in" in ln)
     return {
         "first_step_s": rec["finished_at"] - t0,

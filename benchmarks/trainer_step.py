@@ -26,6 +26,7 @@ from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import publish_rollout, single_turn
 from rlfleet.store import RunStore
+from rlfleet.store.records import read_metrics
 from rlfleet.trainer.rl import run_trainer
 from rlfleet.trainer.tiny import build_tokenizer, tiny_config
 
@@ -91,7 +92,7 @@ def bench(size: str, device: str, steps: int, prompts: int, group: int, tokens: 
         t0 = time.perf_counter()
         run_trainer(cfg)
         wall = time.perf_counter() - t0
-        metrics = [store.read_json(f"metrics/step_{s}.json") for s in range(steps)]
+        metrics = [read_metrics(store, s) for s in range(steps)]
     timed = metrics[1:]
     train_s = statistics.median(m["train_seconds"] for m in timed)
     step_s = statistics.median(m["step_seconds"] for m in timed)

@@ -92,20 +92,18 @@ def run_rlfleet(
     argv: list[str], out: Path, log: Path, env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> dict[str, Any]:
     """`rlfleet rl argv` (another checkout's: its root as `cwd` and in env's PYTHONPATH), read back."""
-    from rlfleet.runs.status import step_records
     from rlfleet.store import RunStore
+    from rlfleet.store.records import read_metrics, read_rollout_manifest, read_steps
 
     exe = Path(sys.executable).parent / "rlfleet"  # else the module, from an uninstalled checkout
     t0, wall = timed_command(
         [*([str(exe)] if exe.exists() else [sys.executable, "-m", "rlfleet.cli"]), "rl", *argv], log, env, cwd
     )
     store = RunStore(str(out))
-    recs = step_records(store)
-    tokens = [
-        store.read_json(f"rollouts/step_{r['step']}/manifest.json")["num_completion_tokens"] for r in recs
-    ]
+    recs = read_steps(store)
+    tokens = [read_rollout_manifest(store, r["step"])["num_completion_tokens"] for r in recs]
     # the trainer's save (or GPU copy) of the weights it publishes, inside trainer_seconds
-    publish = [store.read_json(f"metrics/step_{r['step']}.json").get("publish_seconds", 0.0) for r in recs]
+    publish = [read_metrics(store, r["step"]).get("publish_seconds", 0.0) for r in recs]
     per_step = {k: [r[f"{k}_seconds"] for r in recs] for k in ("step", "sample", "trainer", "broadcast")}
     split = {k: median(v) for k, v in per_step.items() if k != "step"} | {"trainer_publish": median(publish)}
     for p in sorted({p for r in recs for p in r["phase_seconds"]}):
@@ -288,6 +286,7 @@ def main() -> None:
 
     from rlfleet.config.loader import load
     from rlfleet.config.models import RLConfig
+    from rlfleet.store import layout
     from rlfleet.trainer.tiny import build_tokenizer, make_tiny_model, tiny_config
 
     shape = SHAPES[a.shape] | ({"dtype": "bfloat16"} if a.device == "cuda" else {})
@@ -321,7 +320,7 @@ def main() -> None:
         if a.only != "trl":
             results["rlfleet"] = run_rlfleet(argv, tmp / "rlfleet", logs / "rlfleet.log")
             if a.logs:  # the trainer's and vLLM's own logs beside the command's, as rlfleet_<dir>_<file>
-                for f in (tmp / "rlfleet" / "logs").rglob("*.log"):
+                for f in (tmp / "rlfleet" / layout.LOGS).rglob("*.log"):
                     shutil.copy(f, logs / f"rlfleet_{f.parent.name}_{f.name}")
             print("rlfleet", {k: v for k, v in results["rlfleet"].items() if k != "per_step"}, flush=True)
         env["loadavg_between"] = os.getloadavg()

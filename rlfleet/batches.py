@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from safetensors.torch import load, save_file
 
-from rlfleet.store import RunStore, step_dir
+from rlfleet.store import RunStore, layout
 
 
 def first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -165,16 +165,16 @@ def write_micro_batches(stage: Path, micro: list[dict[str, torch.Tensor]]) -> No
     Every trainer rank reads all of them and trains its share (trainer/train.py).
     """
     for k, tensors in enumerate(micro):
-        save_file(tensors, str(stage / f"micro_{k}.safetensors"))
+        save_file(tensors, str(stage / layout.micro_batch(k)))
 
 
 def load_micro_batches(store: RunStore, step: int) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
     """The published `batches/step_N` (verified): its manifest and its micro-batches."""
-    rel = step_dir("batches", step)
+    rel = layout.step_dir(layout.BATCHES, step)
     manifest = store.manifest(rel, verify=True)
     if manifest is None:
         raise FileNotFoundError(f"{rel} is not published")
     micro = []
     for k in range(manifest["micro_batches"]):
-        micro.append(load(store.read_bytes(f"{rel}/micro_{k}.safetensors")))
+        micro.append(load(store.read_bytes(f"{rel}/{layout.micro_batch(k)}")))
     return manifest, micro

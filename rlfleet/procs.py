@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from rlfleet.guard import die_with_parent
+from rlfleet.store.layout import rank_log
 
 
 @dataclass
@@ -165,7 +166,7 @@ def log_to_rank_file() -> None:
     log_dir, rank = os.environ.get(RANK_LOGS), os.environ.get("RANK")
     if not log_dir or rank in (None, "0"):
         return
-    path = Path(log_dir) / f"rank_{rank}.log"
+    path = rank_log(log_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -11,7 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlfleet.store import RunStore
+from rlfleet.store import RunStore, layout
+from rlfleet.store.records import StepRecord, TrainerMetrics
 
 
 def curve_png(
@@ -48,10 +49,8 @@ def curve_png(
     return buf.getvalue()
 
 
-REWARD_CURVE = "reward_curve.png"  # drawn by the flow's live artifacts (flows/monitor.py)
-
-
-def reward_curve_png(steps: list[dict[str, Any]], title: str) -> bytes:
+def reward_curve_png(steps: list[StepRecord], title: str) -> bytes:
+    """The run's `reward_curve.png`, drawn by the flow's live artifacts (flows/monitor.py)."""
     xs = [s["step"] for s in steps]
     ys = [s["mean_reward"] for s in steps]
     return curve_png(xs, ys, title, "mean reward", ylim=(0, 1.02), legend_loc="lower right")
@@ -59,7 +58,7 @@ def reward_curve_png(steps: list[dict[str, Any]], title: str) -> bytes:
 
 def write_report(
     store: RunStore,
-    steps: list[dict[str, Any]],
+    steps: list[StepRecord],
     wall_seconds: float,
     config_path: str,
     extra: dict[str, Any] | None = None,
@@ -71,9 +70,9 @@ def write_report(
         "config": config_path,
         "first3_mean_reward": mean_or_none([s["mean_reward"] for s in steps[:3]]),
         "last3_mean_reward": mean_or_none([s["mean_reward"] for s in steps[-3:]]),
-        "reward_curve": store.uri(REWARD_CURVE) if store.exists(REWARD_CURVE) else None,
+        "reward_curve": store.uri(layout.REWARD_CURVE) if store.exists(layout.REWARD_CURVE) else None,
     }
-    store.write_json("summary.json", summary)
+    store.write_json(layout.SUMMARY, summary)
     return summary
 
 
@@ -129,17 +128,23 @@ class WandbSink:
 
 
 TIMING = ("step_seconds", "sample_seconds", "trainer_seconds", "broadcast_seconds")
-NOT_TRAIN = {"step", "reward_mean", "step_seconds", "max_staleness", "policy_steps", "wait_seconds"}
+NOT_TRAIN = {
+    "step",
+    "step_seconds",
+    "max_staleness",
+    "policy_steps",
+    "wait_seconds",
+}  # in `timing/`, `rollout/`
 
 
-def wandb_metrics(record: dict[str, Any], metrics: dict[str, Any]) -> dict[str, float]:
+def wandb_metrics(record: StepRecord, metrics: TrainerMetrics) -> dict[str, float]:
     """One key per metric, grouped: `train/` (the trainer's), `rollout/` (reward, errors, staleness,
     each env's reward functions and metrics, batch shaping's counts), `timing/` (the step, inside
     vLLM / the trainer / the broadcast, and each phase as the flow saw it), `eval/<env>/` on eval
     steps."""
     out = {f"train/{k}": v for k, v in metrics.items() if k not in NOT_TRAIN}
     out |= {
-        "rollout/reward_mean": record["mean_reward"],
+        "rollout/mean_reward": record["mean_reward"],
         "rollout/reward_errors": record["reward_errors"],
         "rollout/staleness_max": record["max_staleness"],
     }

@@ -18,6 +18,14 @@ from rlfleet.config.models import RLConfig
 from rlfleet.orchestrator.rollout import read_rollout, staleness
 from rlfleet.orchestrator.sampler import Sample, Sampler
 from rlfleet.store import RunStore
+from rlfleet.store.records import (
+    BatchManifest,
+    RolloutManifest,
+    StepRecord,
+    TrainerMetrics,
+    read_metrics,
+    read_rollout_manifest,
+)
 from tests.conftest import free_port
 from tests.helpers import prompt_logprobs
 from tests.wandb_log import history_and_config
@@ -102,10 +110,10 @@ def assert_readable_in_prefect(state, out: Path, summary: dict) -> None:
         "train/loss",
         "train/grad_norm",
         "train/lr",
-        "rollout/reward_mean",
+        "rollout/mean_reward",
         "timing/step_seconds",
     } <= logged
-    assert not {"train/reward_mean", "train/step_seconds", "train/max_staleness"} & logged  # no twins
+    assert not {"train/mean_reward", "train/step_seconds", "train/max_staleness"} & logged  # no twins
     assert config["prefect_flow_run_id"] == str(run_id) and str(run_id) in config["prefect_flow_run_url"]
 
 
@@ -158,6 +166,12 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
     assert not (out / "configs" / "orchestrator.toml").exists(), "nothing reads an orchestrator config"
     assert store.complete_steps("checkpoints") == [0, 1]
     assert store.manifest("batches/step_1", verify=True)["num_loss_tokens"] > 0
+    # each record the processes exchange fills its schema (store/records.py): what readers index is there
+    assert BatchManifest.__required_keys__ <= store.manifest("batches/step_1").keys()
+    assert RolloutManifest.__required_keys__ <= read_rollout_manifest(store, 1).keys()
+    for s in (0, 1):
+        assert TrainerMetrics.__required_keys__ <= read_metrics(store, s).keys()
+        assert StepRecord.__required_keys__ <= summary["steps"][s].keys()
     assert (out / "logs" / "inference" / "replica_0.log").stat().st_size > 0
     assert not list((out / "run").glob("*.pid")), "child processes left pidfiles behind"
     assert_readable_in_prefect(state, out, summary)

@@ -6,7 +6,9 @@ import fsspec
 import pytest
 
 from rlfleet.store import runstore
-from rlfleet.store.runstore import MANIFEST, CorruptArtifact, RunStore, step_dir
+from rlfleet.store.layout import MANIFEST, step_dir, step_of
+from rlfleet.store.records import read_rollout_manifest
+from rlfleet.store.runstore import CorruptArtifact, RunStore
 
 
 def _stage(store, rel, files):
@@ -191,3 +193,19 @@ def test_remote_store_publish_manifest_and_steps(memory_store, tmp_path):
     assert store.complete_steps("rollouts") == [0]
     store.write_json("state.json", {"a": 1})
     assert store.read_json("state.json") == {"a": 1}
+
+
+def test_step_names_parse_only_as_the_layout_writes_them():
+    assert step_of("step_12") == 12 and step_of("step_12.json", ".json") == 12
+    assert step_of("step_12.json") is None and step_of("step_12", ".json") is None
+    assert step_of(".tmp-step_1-ab12") is None and step_of("step_") is None and step_of("step_-1") is None
+
+
+def test_a_resume_reads_an_older_rollout_manifest_under_the_one_name(tmp_path):
+    """rlfleet before `mean_reward` wrote `reward_mean`; a resumed run reuses its first step's rollout."""
+    store = RunStore(tmp_path)
+    rel = step_dir("rollouts", 3)
+    store.publish_dir(store.staging_dir(rel), rel, {"step": 3, "reward_mean": 0.25})
+    manifest = read_rollout_manifest(store, 3)
+    assert manifest["mean_reward"] == 0.25 and "reward_mean" not in manifest
+    assert read_rollout_manifest(store, 4) is None

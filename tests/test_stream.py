@@ -19,8 +19,8 @@ import pytest
 from rlfleet.config.rollouts import OrchestratorConfig
 from rlfleet.orchestrator.rollout import read_rollout, single_turn
 from rlfleet.orchestrator.shaping import cut, overlong_penalty, sampled_len
-from rlfleet.orchestrator.stream import GROUPS, Group, RolloutStream
-from rlfleet.store import RunStore
+from rlfleet.orchestrator.stream import Group, RolloutStream
+from rlfleet.store import RunStore, layout
 
 
 def record(version: int, newest: int | None = None, reward: float = 0.5) -> dict[str, Any]:
@@ -45,7 +45,7 @@ def record(version: int, newest: int | None = None, reward: float = 0.5) -> dict
 
 def buffer(store: RunStore, uid: str, versions: list[tuple[int, int]], finished_at: float) -> Group:
     g = Group(uid, "repeat", [record(lo, hi, reward=i) for i, (lo, hi) in enumerate(versions)], finished_at)
-    store.write_json(f"{GROUPS}/{uid}.json", asdict(g))
+    store.write_json(layout.buffered_group(uid), asdict(g))
     return g
 
 
@@ -57,7 +57,7 @@ def stream(
 
 
 def buffered(store: RunStore) -> set[str]:
-    return {p.rsplit("/", 1)[-1][: -len(".json")] for p in store.fs.glob(store.path(GROUPS, "*.json"))}
+    return {layout.group_uid(p) for p in store.fs.glob(store.path(layout.buffered_group("*")))}
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def test_each_env_gets_its_share_of_a_step(tmp_path):
     )
     for i, env in enumerate(["a", "b", "b", "a", "a"]):
         g = Group(f"0-{env}-{i}", env, [record(0) | {"env": env}, record(0) | {"env": env}], float(i))
-        store.write_json(f"{GROUPS}/{g.uid}.json", asdict(g))
+        store.write_json(layout.buffered_group(g.uid), asdict(g))
     s = RolloutStream(cfg, store, "unused", None, lambda: 0, 0, 64, 1)
     assert s.take(1)["group_uids"] == ["0-a-0", "0-b-1", "0-a-3"]
     assert buffered(store) == {"0-b-2", "0-a-4"}
@@ -247,7 +247,7 @@ def test_a_restarted_controller_holds_flat_groups_again(tmp_path):
     flat = Group("0-flat", "repeat", [record(0, reward=0.5), record(0, reward=0.5)], 1.0)
     fine = Group("0-fine", "repeat", [record(0, reward=0.0), record(0, reward=1.0)], 2.0)
     for g in (flat, fine):
-        store.write_json(f"{GROUPS}/{g.uid}.json", asdict(g))
+        store.write_json(layout.buffered_group(g.uid), asdict(g))
     shaping = {"dynamic_sampling": True, "max_refill": 0}
     cfg = OrchestratorConfig(batch_size=1, group_size=2, max_async_level=1, shaping=shaping)
     s = RolloutStream(cfg, store, "unused", None, lambda: 0, 0, 64, 1)

@@ -13,7 +13,8 @@ from rlfleet.config.models import RLConfig
 from rlfleet.flows.artifacts import artifact_key
 from rlfleet.flows.rl import rl
 from rlfleet.runs.configs import preflight
-from rlfleet.store import run_store
+from rlfleet.store import layout, run_store
+from rlfleet.store.records import read_metrics
 
 
 def point_row(name: str, overrides: dict[str, Any], cfg: RLConfig, state: Any) -> dict[str, Any]:
@@ -24,7 +25,7 @@ def point_row(name: str, overrides: dict[str, Any], cfg: RLConfig, state: Any) -
     summary = state.result()
     store = run_store(cfg.output_dir)
     steps = summary["steps"]
-    tokens = [store.read_json(f"metrics/step_{s['step']}.json")["num_loss_tokens"] for s in steps]
+    tokens = [read_metrics(store, s["step"])["num_loss_tokens"] for s in steps]
     secs = [s["step_seconds"] for s in steps]
     return row | {
         "final_reward": round(summary["last3_mean_reward"], 4),
@@ -52,5 +53,5 @@ def ablation(base: RLConfig, grid: dict[str, list[Any]]) -> list[dict[str, Any]]
         table=rows,
         description=f"ablation over {list(grid)}: final reward = mean of the last 3 steps",
     )
-    run_store(base.output_dir).write_json("ablation.json", rows)
+    run_store(base.output_dir).write_json(layout.ABLATION, rows)
     return rows

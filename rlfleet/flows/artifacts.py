@@ -7,7 +7,8 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact
 
-from rlfleet.store import RunStore
+from rlfleet.store import RunStore, layout
+from rlfleet.store.records import StepRecord, read_metrics
 
 
 def artifact_key(name: str, kind: str) -> str:
@@ -18,15 +19,14 @@ def artifact_key(name: str, kind: str) -> str:
 ROW_METRICS = ("loss", "grad_norm", "lr", "clip_frac", "mismatch_kl", "logprob_diff_max", "train_seconds")
 
 
-def metric_row(store: RunStore, rec: dict[str, Any]) -> dict[str, Any]:
+def metric_row(store: RunStore, rec: StepRecord) -> dict[str, Any]:
     """A step's row: the flow's step record joined with the trainer's metrics and any eval."""
     step = rec["step"]
-    row = {k: rec[k] for k in ("step", "mean_reward", "step_seconds") if k in rec}
-    if store.exists(f"metrics/step_{step}.json"):
-        m = store.read_json(f"metrics/step_{step}.json")
+    row: dict[str, Any] = {k: rec[k] for k in ("step", "mean_reward", "step_seconds")}
+    if (m := read_metrics(store, step)) is not None:
         row |= {k: m[k] for k in ROW_METRICS if k in m}
-    if store.exists(f"evals/step_{step}.json"):
-        row["eval_reward"] = store.read_json(f"evals/step_{step}.json")["mean_reward"]
+    if store.exists(evaluated := layout.eval_record(step)):
+        row["eval_reward"] = store.read_json(evaluated)["mean_reward"]
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
 
 
@@ -35,13 +35,13 @@ def publish_summary(store: RunStore, name: str, summary: dict[str, Any]) -> None
     paths = "\n".join(
         f"- {what}: `{store.uri(rel)}`"
         for what, rel in (
-            ("summary", "summary.json"),
-            ("reward curve", "reward_curve.png"),
-            ("resolved config", "configs/rl.toml"),
-            ("weights", "weights"),
-            ("checkpoints", "checkpoints"),
-            ("rollouts", "rollouts"),
-            ("logs", "logs"),
+            ("summary", layout.SUMMARY),
+            ("reward curve", layout.REWARD_CURVE),
+            ("resolved config", layout.config("rl")),
+            ("weights", layout.WEIGHTS),
+            ("checkpoints", layout.CHECKPOINTS),
+            ("rollouts", layout.ROLLOUTS),
+            ("logs", layout.LOGS),
         )
     )
     first, last = summary["first3_mean_reward"], summary["last3_mean_reward"]

@@ -18,8 +18,9 @@ from prefect.artifacts import (
 )
 
 from rlfleet.flows.artifacts import artifact_key, metric_row
-from rlfleet.report import REWARD_CURVE, reward_curve_png
-from rlfleet.store import RunStore
+from rlfleet.report import reward_curve_png
+from rlfleet.store import RunStore, layout
+from rlfleet.store.records import StepRecord
 
 
 class LiveArtifacts:
@@ -41,19 +42,19 @@ class LiveArtifacts:
     def _said(self, done: int) -> str:
         return f"rl run {self.name}: {done} of {self.max_steps} steps done"
 
-    def step_done(self, step: int, steps: list[dict[str, Any]]) -> None:
+    def step_done(self, step: int, steps: list[StepRecord]) -> None:
         update_progress_artifact(
             self.progress, 100.0 * (step + 1) / self.max_steps, description=self._said(step + 1)
         )
         if time.monotonic() - self.published_at >= self.PUBLISH_EVERY_S:
             self.publish(steps)
 
-    def _row(self, rec: dict[str, Any]) -> dict[str, Any]:
+    def _row(self, rec: StepRecord) -> dict[str, Any]:
         if rec["step"] not in self.rows:
             self.rows[rec["step"]] = metric_row(self.store, rec)
         return self.rows[rec["step"]]
 
-    def publish(self, steps: list[dict[str, Any]]) -> None:
+    def publish(self, steps: list[StepRecord]) -> None:
         """The metrics table and the reward curve of the steps so far (a new version of each key,
         unless the last one already shows them: the run's end follows its last step's publish)."""
         if not steps or steps[-1]["step"] == self.published:
@@ -65,7 +66,7 @@ class LiveArtifacts:
             description=f"per-step metrics of rl run {self.name} (steps 0-{steps[-1]['step']})",
         )
         png = reward_curve_png(steps, f"{self.name}: mean reward per step")
-        self.store.write_bytes(REWARD_CURVE, png)  # the run's curve file, as live as the artifact
+        self.store.write_bytes(layout.REWARD_CURVE, png)  # the run's curve file, as live as the artifact
         create_image_artifact(
             image_url="data:image/png;base64," + base64.b64encode(png).decode(),
             key=artifact_key(self.name, "reward-curve"),

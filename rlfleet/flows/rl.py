@@ -38,8 +38,8 @@ from rlfleet.runs.handles import RunHandles, started_early
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
 from rlfleet.runs.logs import sync_logs
 from rlfleet.runs.recoveries import recoveries
-from rlfleet.runs.status import step_records
-from rlfleet.store import run_store
+from rlfleet.store import layout, run_store
+from rlfleet.store.records import RolloutManifest, StepRecord, TrainerMetrics, read_steps, write_step
 from rlfleet.tasks.eval import evaluate_policy
 from rlfleet.tasks.rl import (
     broadcast_weights,
@@ -101,7 +101,7 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
     )
     live = LiveArtifacts(store, cfg.name, cfg.max_steps, start)
     ahead: dict[int, PrefectFuture] = {}  # rollouts of later steps
-    steps: list[dict[str, Any]] = step_records(store)  # a resumed run's earlier steps stay on the curve
+    steps = read_steps(store)  # a resumed run's earlier steps stay on the curve
     run = RunHandles.for_run(cfg, inf_gpus, train_gpus)  # starts nothing; the tasks below do
     handles = quote(run)
     try:
@@ -134,7 +134,7 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
             job = bar.add_task("rl", total=cfg.max_steps, completed=start, reward="-", secs="")
             for step in range(start, cfg.max_steps):
                 record, metrics, after = _step(cfg, step, start, run, ahead, after)
-                store.write_json(f"steps/step_{step}.json", record)
+                write_step(store, record)
                 steps.append(record)
                 sink.log(step, wandb_metrics(record, metrics))
                 log.info(
@@ -145,7 +145,7 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
                     cfg.max_steps,
                     record["mean_reward"],
                     record["loss"],
-                    metrics.get("grad_norm", float("nan")),
+                    metrics["grad_norm"],
                     record["max_staleness"],
                     record["num_completion_tokens"],
                     record["num_completion_tokens"] / max(record["step_seconds"], 1e-9),
@@ -186,7 +186,7 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
         summary["first3_mean_reward"],
         summary["last3_mean_reward"],
         summary["wall_seconds"],
-        store.uri("summary.json"),
+        store.uri(layout.SUMMARY),
     )
     return summary
 
@@ -198,7 +198,7 @@ def _step(
     run: RunHandles,
     ahead: dict[int, PrefectFuture],
     after: list[State],
-) -> tuple[dict[str, Any], dict[str, Any], list[State]]:
+) -> tuple[StepRecord, TrainerMetrics, list[State]]:
     """One step; returns its record, the trainer's metrics and the states the next step's rollout
     waits for (the weight version now served is `run.served`).
 
@@ -220,7 +220,7 @@ def _step(
         rolled = ahead.pop(step)
     else:  # k = 0, or the first step: called in the flow's thread
         rolled = rollout.with_options(**kept)(c, step, handles, wait_for=after, return_state=True)
-    roll = rolled.result()
+    roll: RolloutManifest = rolled.result()  # plus its batches' manifest, less the file table
     t = _lap(walls, "rollout", t)
     if cfg.orchestrator.max_async_level and step + 1 < cfg.max_steps:
         # the trainer takes batch N+1 as soon as it is done with N; a future runs in a worker
@@ -228,7 +228,7 @@ def _step(
         later = dict(opts, refresh_cache=step + 1 > start, timeout_seconds=None)
         ahead[step + 1] = rollout.with_options(**later).submit(c, step + 1, handles, wait_for=[rolled])
     trained = train.with_options(**redo)(c, step, handles, wait_for=[edge(rolled)], return_state=True)
-    metrics = trained.result()
+    metrics: TrainerMetrics = trained.result()
     t = _lap(walls, "train", t)
     casted = broadcast_weights.with_options(**opts)(
         c, step, handles, wait_for=[edge(trained)], return_state=True
@@ -241,29 +241,26 @@ def _step(
     if cfg.eval.interval and (step + 1) % cfg.eval.interval == 0:
         evaluated = evaluate_policy.with_options(**redo)(c, step, handles, wait_for=[edge(casted)])
         _lap(walls, "eval", t)
-    record: dict[str, Any] = {
+    record: StepRecord = {
         "step": step,
-        "mean_reward": roll["reward_mean"],
-        "reward_errors": roll.get("reward_errors", 0),  # samples whose reward function raised or timed out
-        "env_metrics": roll.get("metrics", {}),  # per env: reward functions' scores and named metrics
+        "mean_reward": roll["mean_reward"],
+        "reward_errors": roll["reward_errors"],
+        "env_metrics": roll["metrics"],
         "step_seconds": time.perf_counter() - s0,
         "loss": metrics["loss"],
         "train_seconds": metrics["train_seconds"],
         "policy_step": roll["policy_step"],
-        "policy_steps": roll.get("policy_steps", [roll["policy_step"]]),
-        "max_staleness": metrics.get("max_staleness", 0),
-        "clip_frac": metrics.get("clip_frac", 0.0),  # stale samples show up here and in mask_frac
-        "mask_frac": metrics.get("mask_frac", 0.0),
-        # how long the step waited for its groups, vs the trainer and the reload
-        "sample_seconds": roll.get("sample_seconds", 0.0),
-        "num_completion_tokens": roll.get("num_completion_tokens", 0),
-        "trainer_seconds": metrics.get("step_seconds", 0.0),
+        "policy_steps": roll["policy_steps"],
+        "max_staleness": metrics["max_staleness"],
+        "clip_frac": metrics["clip_frac"],
+        "mask_frac": metrics["mask_frac"],
+        "sample_seconds": roll["sample_seconds"],
+        "num_completion_tokens": roll["num_completion_tokens"],
+        "trainer_seconds": metrics["step_seconds"],
         "broadcast_seconds": cast["seconds"],
-        # replica 0: pause, load (per worker), resume; none when a regroup already brought the step
-        "broadcast_parts": (cast.get("calls") or [{}])[0],
+        "broadcast_parts": (cast["calls"] or [{}])[0],  # none when a regroup brought the step
         "phase_seconds": walls,
-        # the rollout stream's lifetime counts when this step took its groups
-        "stream": roll.get("stream", {}) | {"buffered_groups": roll.get("buffered_groups", 0)},
+        "stream": roll["stream"] | {"buffered_groups": roll["buffered_groups"]},
         "finished_at": time.time(),
     }
     if router := {k.removeprefix("router/"): v for k, v in metrics.items() if k.startswith("router/")}:

@@ -15,7 +15,7 @@ from rlfleet.config.loader import to_toml
 from rlfleet.config.models import SFTConfig
 from rlfleet.flows.artifacts import artifact_key
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
-from rlfleet.store import run_store
+from rlfleet.store import layout, run_store
 from rlfleet.tasks.rl import retry_options
 from rlfleet.tasks.sft import sft_train
 from rlfleet.trainer.sft import preflight
@@ -35,7 +35,7 @@ def sft(config: SFTConfig) -> dict[str, Any]:
     opts = {k: v for k, v in opts.items() if k in RETRY_OPTIONS}
     acquire_run_lock(store)  # before any write: a second controller must not touch a live run
     try:
-        store.write_text("configs/sft.toml", to_toml(cfg))
+        store.write_text(layout.config("sft"), to_toml(cfg))
         summary = sft_train.with_options(**opts)(cfg)
     finally:
         release_run_lock(store)
@@ -71,7 +71,7 @@ def sft(config: SFTConfig) -> dict[str, Any]:
         _fmt(first),
         _fmt(last),
         summary["wall_seconds"],
-        store.path("summary.json"),
+        store.path(layout.SUMMARY),
     )
     return summary
 

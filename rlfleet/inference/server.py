@@ -27,7 +27,7 @@ from rlfleet.inference import cpu_server
 from rlfleet.net import tls
 from rlfleet.orchestrator.sampler import GENERATE, generate_body
 from rlfleet.procs import ManagedProcess, python_module_cmd, wait_until
-from rlfleet.store import local_dir
+from rlfleet.store import RunDir, local_dir
 from rlfleet.weights import WORKER_EXTENSION
 
 SERVED_NAME = "policy"
@@ -158,7 +158,7 @@ def launch_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> l
 def start_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> list[Replica]:
     """Start every replica's process and return at once; `wait_ready` waits for them."""
     i = cfg.inference
-    out = local_dir(cfg.output_dir)  # logs and pidfiles stay on this machine
+    here = RunDir(local_dir(cfg.output_dir))  # logs and pidfiles stay on this machine
     replicas = []
     for r in range(i.num_replicas):
         port = i.port + r
@@ -168,8 +168,8 @@ def start_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> li
             cmd=python_module_cmd(
                 cpu_server.SERVER if cfg.num_gpus else cpu_server.__name__, server_args(cfg, port, model_path)
             ),
-            log_path=out / "logs" / "inference" / f"replica_{idx}.log",
-            pidfile=out / "run" / f"inference_{idx}.pid",
+            log_path=here.replica_log(idx),
+            pidfile=here.pidfile(f"inference_{idx}"),
             env=replica_env(cfg, r),
         ).start()
         replicas.append(Replica(idx, f"http://{i.host}:{port}", proc, t0=time.monotonic()))

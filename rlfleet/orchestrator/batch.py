@@ -7,20 +7,20 @@ the trainer stores in its checkpoint.
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from rlfleet.config.advantage import AdvantageConfig
 from rlfleet.errors import DeterministicError
 from rlfleet.orchestrator.advantages import advantages
 from rlfleet.orchestrator.rollout import read_rollout, staleness, usable
-from rlfleet.store import RunStore, step_dir
+from rlfleet.store import RunStore, layout
+from rlfleet.store.records import BatchManifest, TrajectoryRecord
 
 
 def with_advantages(
-    records: list[dict[str, Any]], cfg: AdvantageConfig | None = None
-) -> list[dict[str, Any]]:
-    groups: dict[int, list[dict[str, Any]]] = {}
+    records: list[TrajectoryRecord], cfg: AdvantageConfig | None = None
+) -> list[TrajectoryRecord]:
+    groups: dict[int, list[TrajectoryRecord]] = {}
     for r in records:
         groups.setdefault(r["group"], []).append(r)
     ordered = [groups[g] for g in sorted(groups)]
@@ -43,7 +43,7 @@ def build_batches(
     max_staleness: int | None = None,
     advantage: AdvantageConfig | None = None,
     max_tokens: int = 0,
-) -> dict[str, Any]:
+) -> BatchManifest:
     """Publish `batches/step_N` from `rollouts/step_N`: the step's micro-batches (rlfleet/batches.py).
 
     seq_len > 0 packs the sequences into rows of that many tokens, `micro_batch_size` rows a file; a
@@ -54,12 +54,14 @@ def build_batches(
     estimator (default GRPO's); `max_tokens`, recorded, is the `constant` loss normaliser's budget.
     """
     records = with_advantages(read_rollout(store, step), advantage)
+    rel = layout.step_dir(layout.BATCHES, step)
     stale = [staleness(step, r["policy_step"]) for r in records]
     if max_staleness is not None and not all(usable(step, r["policy_step"], max_staleness) for r in records):
         raise DeterministicError(
-            f"rollouts/step_{step}: staleness {min(stale)}..{max(stale)} outside 0..{max_staleness}"
+            f"{layout.step_dir(layout.ROLLOUTS, step)}: staleness {min(stale)}..{max(stale)} "
+            f"outside 0..{max_staleness}"
         )
-    stage = store.staging_dir(step_dir("batches", step))
+    stage = store.staging_dir(rel)
     from rlfleet.batches import micro_batches, write_micro_batches  # torch: after the flow has started
 
     micro = micro_batches(records, pad_id, micro_batch_size, seq_len)
@@ -70,11 +72,10 @@ def build_batches(
         "num_sequences": len(records),
         "max_tokens": max_tokens,
         "num_loss_tokens": sum(sum(r["loss_mask"]) for r in records),
-        "reward_mean": statistics.fmean(r["reward"] for r in records),
         "policy_steps": sorted({r["policy_step"] for r in records}),
         "max_staleness": max(stale),
         "cursor": cursor or {"next_step": step + 1},
         "temperature": temperature,
         "seq_len": seq_len,
     }
-    return store.publish_dir(stage, step_dir("batches", step), meta)
+    return store.publish_dir(stage, rel, meta)

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlfleet.orchestrator.envs import Trajectory
-from rlfleet.store import RunStore, step_dir
+from rlfleet.store import RunStore, layout
+from rlfleet.store.records import RolloutManifest, RolloutStats, TrajectoryRecord
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -51,7 +52,7 @@ def usable(step: int, policy_step: int, max_staleness: int) -> bool:
     return 0 <= staleness(step, policy_step) <= max_staleness
 
 
-def trajectory_record(t: Trajectory, group: int, env: str, started: int) -> dict[str, Any]:
+def trajectory_record(t: Trajectory, group: int, env: str, started: int) -> TrajectoryRecord:
     """What `rollouts/step_N` keeps of a trajectory: the tokens the trainer needs, and the rest.
 
     `policy_step` is the oldest weight version among its sampled tokens (each turn's `versions`
@@ -89,12 +90,21 @@ def single_turn(prompt_ids: list[int], completion_ids: list[int], logprobs: list
     }
 
 
-def rollout_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
+def rollout_stats(records: list[TrajectoryRecord]) -> RolloutStats:
     """Step-level numbers of a rollout: rewards overall and per env, env metrics, failures."""
     rewards = [r["reward"] for r in records]
-    out: dict[str, Any] = {
+    envs = sorted({r["env"] for r in records})
+    metrics: dict[str, float] = {}
+    for env in envs:
+        mine = [r for r in records if r["env"] == env]
+        if len(envs) > 1:
+            metrics[f"{env}/mean_reward"] = statistics.fmean(r["reward"] for r in mine)
+        for key in sorted({k for r in mine for k in r["metrics"]}):
+            values = [r["metrics"][key] for r in mine if key in r["metrics"]]
+            metrics[f"{env}/{key}"] = statistics.fmean(values)
+    return {
         "num_samples": len(records),
-        "reward_mean": statistics.fmean(rewards),
+        "mean_reward": statistics.fmean(rewards),
         "reward_std": statistics.pstdev(rewards),
         "reward_max": max(rewards),
         "num_completion_tokens": sum(sum(r["loss_mask"]) for r in records),
@@ -104,37 +114,28 @@ def rollout_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
         # samples whose request failed on a replica and was sent again: the step went on, but slower
         "resent_samples": sum(any(t.get("resent") for t in r["turns"]) for r in records),
         "turns_mean": statistics.fmean(len(r["turns"]) for r in records),
+        "metrics": metrics,
     }
-    envs = sorted({r["env"] for r in records})
-    metrics: dict[str, float] = {}
-    for env in envs:
-        mine = [r for r in records if r["env"] == env]
-        if len(envs) > 1:
-            metrics[f"{env}/reward_mean"] = statistics.fmean(r["reward"] for r in mine)
-        for key in sorted({k for r in mine for k in r["metrics"]}):
-            values = [r["metrics"][key] for r in mine if key in r["metrics"]]
-            metrics[f"{env}/{key}"] = statistics.fmean(values)
-    out["metrics"] = metrics
-    return out
 
 
 def publish_rollout(
-    store: RunStore, step: int, shards: dict[int, list[dict[str, Any]]], meta: dict[str, Any]
-) -> dict[str, Any]:
+    store: RunStore, step: int, shards: dict[int, list[TrajectoryRecord]], meta: dict[str, Any]
+) -> RolloutManifest:
     """Publish `rollouts/step_N`: one JSONL file of sample records per replica, manifest with `meta`."""
-    rel = step_dir("rollouts", step)
+    rel = layout.step_dir(layout.ROLLOUTS, step)
     stage = store.staging_dir(rel)
     for replica, records in shards.items():
-        (stage / f"replica_{replica}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (stage / layout.rollout_shard(replica)).write_text("".join(json.dumps(r) + "\n" for r in records))
     return store.publish_dir(stage, rel, meta)
 
 
-def read_rollout(store: RunStore, step: int) -> list[dict[str, Any]]:
-    manifest = store.manifest(step_dir("rollouts", step), verify=True)
+def read_rollout(store: RunStore, step: int) -> list[TrajectoryRecord]:
+    rel = layout.step_dir(layout.ROLLOUTS, step)
+    manifest = store.manifest(rel, verify=True)
     if manifest is None:
-        raise FileNotFoundError(f"rollouts/step_{step} is not published")
+        raise FileNotFoundError(f"{rel} is not published")
     records = []
     for name in sorted(manifest["files"]):
-        text = store.read_bytes(f"{step_dir('rollouts', step)}/{Path(name).as_posix()}").decode()
+        text = store.read_bytes(f"{rel}/{Path(name).as_posix()}").decode()
         records += [json.loads(line) for line in text.splitlines() if line]
     return records

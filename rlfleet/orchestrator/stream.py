@@ -42,18 +42,17 @@ from rlfleet.orchestrator.generate import SamplingParams, raise_if_none_scored, 
 from rlfleet.orchestrator.rollout import load_tokenizer, publish_rollout, rollout_stats, trajectory_record
 from rlfleet.orchestrator.sampler import Replicas, Sampler
 from rlfleet.orchestrator.shaping import informative, shape_overlong, step_shaping
-from rlfleet.store import RunStore
+from rlfleet.store import RunStore, layout
+from rlfleet.store.records import RolloutManifest, TrajectoryRecord
 
 log = logging.getLogger("rlfleet.orchestrator")
-GROUPS = "buffer/groups"
-CURSOR = "buffer/cursor.json"
 
 
 @dataclass
 class Group:
     uid: str  # "<prompt chunk>-<index in it>"
     env: str
-    records: list[dict[str, Any]]
+    records: list[TrajectoryRecord]
     finished_at: float = field(default_factory=time.time)
 
     @property
@@ -119,7 +118,9 @@ class RolloutStream:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._cursor = store.read_json(CURSOR)["chunk"] + 1 if store.exists(CURSOR) else 0
+        self._cursor = (
+            store.read_json(layout.BUFFER_CURSOR)["chunk"] + 1 if store.exists(layout.BUFFER_CURSOR) else 0
+        )
         self._queue: list[tuple[Any, Any, str]] = []  # (env, example, uid) drawn, not yet started
         self._restore(next_step)
 
@@ -156,7 +157,7 @@ class RolloutStream:
         if self._loop is not None and self._wake is not None:
             self._loop.call_soon_threadsafe(self._wake.set)
 
-    def take(self, step: int) -> dict[str, Any]:
+    def take(self, step: int) -> RolloutManifest:
         """Block until step N's groups are finished, publish them as `rollouts/step_N`; its manifest."""
         t0 = time.perf_counter()
         with self._cond:
@@ -210,7 +211,7 @@ class RolloutStream:
             )
         manifest = publish_rollout(self.store, step, {0: records}, meta)
         for g in chosen:
-            self.store.remove(f"{GROUPS}/{g.uid}.json")
+            self.store.remove(layout.buffered_group(g.uid))
         return manifest
 
     def _choose(self, step: int, m: int) -> list[Group] | None:
@@ -233,13 +234,13 @@ class RolloutStream:
         m = self.cfg.max_staleness
         for g in [g for g in self._held if g.oldest < step - 1 - m]:
             self._held.remove(g)
-            self.store.remove(f"{GROUPS}/{g.uid}.json")
+            self.store.remove(layout.buffered_group(g.uid))
         if held_only:
             return
         stale = [g for g in self._ready if g.oldest < step - 1 - m]
         for g in stale:
             self._ready.remove(g)
-            self.store.remove(f"{GROUPS}/{g.uid}.json")
+            self.store.remove(layout.buffered_group(g.uid))
         if stale:
             self.counts.dropped_stale += len(stale)
             log.info("rollout stream: dropped %d groups too stale for step %d", len(stale), step)
@@ -249,14 +250,15 @@ class RolloutStream:
         those of a published rollout (taken just before a crash) and those sampled by weights a
         resume is about to recompute (newer than next_step - 1) go."""
         taken = set()
-        for s in self.store.complete_steps("rollouts"):
-            taken |= set(self.store.manifest(f"rollouts/step_{s}", verify=False).get("group_uids", []))
+        for s in self.store.complete_steps(layout.ROLLOUTS):
+            manifest = self.store.manifest(layout.step_dir(layout.ROLLOUTS, s), verify=False)
+            taken |= set(manifest.get("group_uids", []))
         kept = []
-        for name in sorted(self.store.fs.glob(self.store.path(GROUPS, "*.json"))):
-            uid = name.rsplit("/", 1)[-1][: -len(".json")]
-            g = Group(**self.store.read_json(f"{GROUPS}/{uid}.json"))
+        for name in sorted(self.store.fs.glob(self.store.path(layout.buffered_group("*")))):
+            uid = layout.group_uid(name)
+            g = Group(**self.store.read_json(layout.buffered_group(uid)))
             if uid in taken or g.newest > next_step - 1:
-                self.store.remove(f"{GROUPS}/{uid}.json")
+                self.store.remove(layout.buffered_group(uid))
             else:
                 shape_overlong(g.records, self.shaping, self.cfg.max_tokens)  # if buffered unshaped
                 kept.append(g)
@@ -364,7 +366,7 @@ class RolloutStream:
         for env in self.envs:
             exs = env.examples(c, self.counts_per_env[env.name], self.seed)
             self._queue += [(env, ex, f"{c}-{env.name}-{i}") for i, ex in enumerate(exs)]
-        self.store.write_json(CURSOR, {"chunk": c})
+        self.store.write_json(layout.BUFFER_CURSOR, {"chunk": c})
         self._cursor += 1
 
     async def _group(self, env: Any, example: Any, uid: str, served: int, tok: Any, sampler: Sampler) -> None:
@@ -376,7 +378,7 @@ class RolloutStream:
             # off the loop (fsync), compact: a third of the stream thread's CPU went to dataclasses'
             # deep copy and indented JSON for files read back only after a restart (py-spy, tiny job)
             data = json.dumps(vars(group)).encode()
-            await asyncio.to_thread(self.store.write_bytes, f"{GROUPS}/{uid}.json", data)
+            await asyncio.to_thread(self.store.write_bytes, layout.buffered_group(uid), data)
         except asyncio.CancelledError:  # aborted as too stale, or the stream stops
             with self._cond:
                 self._in_flight[env.name] -= 1

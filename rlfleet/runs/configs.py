@@ -9,7 +9,7 @@ from rlfleet.config.models import RLConfig
 from rlfleet.config.placement import assign_gpus, gpu_defaults, split_cpus
 from rlfleet.config.weights import placed
 from rlfleet.orchestrator.envs import check_envs
-from rlfleet.store import run_store
+from rlfleet.store import RunDir, layout, run_store
 
 
 def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> dict[str, str]:
@@ -25,12 +25,12 @@ def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[s
         jobs["inference"] = cfg.inference_job(inference_gpus)
     paths = {}
     for name, job in jobs.items():
-        store.write_text(f"configs/{name}.toml", to_toml(job))
+        store.write_text(layout.config(name), to_toml(job))
         if not store.is_local:
-            local = store.local_dir / "configs" / f"{name}.toml"
+            local = RunDir(store.local_dir).config(name)
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_text(to_toml(job))
-        paths[name] = store.uri(f"configs/{name}.toml")
+        paths[name] = store.uri(layout.config(name))
     return paths
 
 

@@ -20,7 +20,7 @@ from rlfleet.inference.pool import InferencePool
 from rlfleet.orchestrator.stream import RolloutStream
 from rlfleet.runs.configs import resolve, write_configs
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
-from rlfleet.store import RunStore, run_store
+from rlfleet.store import RunDir, RunStore, run_store
 from rlfleet.trainer.launch import ExternalTrainer, TrainerProcess
 from rlfleet.trainer.resume import pristine
 
@@ -90,7 +90,7 @@ class RunHandles:
 
 def trainer_config(store: RunStore) -> Path:
     """The trainer's config as its process reads it (`write_configs` puts it there)."""
-    return store.local_dir / "configs" / "trainer.toml"
+    return RunDir(store.local_dir).config("trainer")
 
 
 def started_early(output_dir: str) -> bool:

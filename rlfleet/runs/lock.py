@@ -6,7 +6,7 @@ import os
 
 from rlfleet.config.loader import ConfigError
 from rlfleet.procs import pid_alive, write_pidfile
-from rlfleet.store import RunStore
+from rlfleet.store import RunDir, RunStore
 
 
 def acquire_run_lock(store: RunStore) -> None:
@@ -14,7 +14,7 @@ def acquire_run_lock(store: RunStore) -> None:
 
     For a remote store the lock lives in this machine's cache, so it guards this machine only.
     """
-    lock = store.local_dir / "run" / "controller.pid"
+    lock = RunDir(store.local_dir).pidfile("controller")
     owner = pid_alive(lock)
     if owner is not None and owner != os.getpid():
         raise ConfigError(f"output_dir: {store.url} is in use by a running controller (pid {owner})")
@@ -22,4 +22,4 @@ def acquire_run_lock(store: RunStore) -> None:
 
 
 def release_run_lock(store: RunStore) -> None:
-    (store.local_dir / "run" / "controller.pid").unlink(missing_ok=True)
+    RunDir(store.local_dir).pidfile("controller").unlink(missing_ok=True)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from rlfleet.store import RunStore
+from rlfleet.store import RunStore, layout
 
 
 def sync_logs(store: RunStore) -> list[str]:
     """Copy this machine's process logs of a remote store's run into its `logs/`; local: no-op."""
-    if store.is_local or not (store.local_dir / "logs").is_dir():
+    logs = store.local_dir / layout.LOGS
+    if store.is_local or not logs.is_dir():
         return []
     done = []
-    for f in sorted((store.local_dir / "logs").rglob("*")):
+    for f in sorted(logs.rglob("*")):
         if f.is_file():
-            rel = f"logs/{f.relative_to(store.local_dir / 'logs').as_posix()}"
+            rel = f"{layout.LOGS}/{f.relative_to(logs).as_posix()}"
             store.fs.put_file(str(f), store.path(rel))  # one object per log, whole or not at all
             done.append(rel)
     return done

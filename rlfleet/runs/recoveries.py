@@ -8,17 +8,16 @@ import threading
 import time
 from typing import Any
 
-from rlfleet.store import RunStore
+from rlfleet.store import RunStore, layout
 
-RECOVERIES = "run/recoveries.json"
 _lock = threading.Lock()  # tasks run in worker threads of the flow's process
 
 
 def record(store: RunStore, what: str, message: str, **payload: Any) -> None:
     with _lock:
         event = {"event": what, "at": time.time(), "message": message, **payload}
-        store.write_json(RECOVERIES, [*recoveries(store), event])
+        store.write_json(layout.RECOVERIES, [*recoveries(store), event])
 
 
 def recoveries(store: RunStore) -> list[dict[str, Any]]:
-    return store.read_json(RECOVERIES) if store.exists(RECOVERIES) else []
+    return store.read_json(layout.RECOVERIES) if store.exists(layout.RECOVERIES) else []

@@ -15,6 +15,7 @@ import jinja2
 
 from rlfleet.config.deployment import DeploymentConfig, MultiNodeDeployment, SlurmConfig
 from rlfleet.deployments import TEMPLATES
+from rlfleet.store import RunDir
 
 DEFAULT_TEMPLATE = TEMPLATES / "rlfleet.sbatch.j2"
 
@@ -51,7 +52,7 @@ def template_variables(
         "inference_port": inference_port,
         "rdzv_port": slurm.rdzv_port,
         "output_dir": str(output_dir),
-        "log_dir": str(output_dir / "logs" / "slurm"),
+        "log_dir": str(RunDir(output_dir).logs("slurm")),
         "configs": {k: str(v) for k, v in configs.items()},
         "workdir": str(Path.cwd()),
         "python": sys.executable,

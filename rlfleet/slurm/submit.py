@@ -22,7 +22,7 @@ from rlfleet.config.models import InferenceJobConfig, RLConfig, SFTConfig
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.slurm.commands import sbatch
 from rlfleet.slurm.render import render, replicas_per_node, template_variables
-from rlfleet.store import run_store
+from rlfleet.store import RunDir, layout, run_store
 
 AnyJob = RLConfig | SFTConfig | InferenceJobConfig
 
@@ -89,7 +89,8 @@ def submit(command: str, cfg: AnyJob, env: dict[str, str] | None = None) -> dict
     raise_if(problems)
     jobs = resolve(command, cfg)
     out = Path(cfg.output_dir.removeprefix("file://")).resolve()
-    paths = {name: out / "configs" / f"{name}.toml" for name in jobs}
+    here = RunDir(out)
+    paths = {name: here.config(name) for name in jobs}
     variables = template_variables(
         command,
         slurm,
@@ -103,17 +104,17 @@ def submit(command: str, cfg: AnyJob, env: dict[str, str] | None = None) -> dict
     script = render(slurm.template_path, variables)  # a template error fails before anything is written
     store = run_store(str(out))
     for name, job in jobs.items():
-        store.write_text(f"configs/{name}.toml", to_toml(job))
-    store.write_text(f"slurm/{command}.sbatch", script)
-    (out / "logs" / "slurm").mkdir(parents=True, exist_ok=True)
+        store.write_text(layout.config(name), to_toml(job))
+    store.write_text(layout.sbatch_script(command), script)
+    here.logs("slurm").mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
-        "script": str(out / "slurm" / f"{command}.sbatch"),
+        "script": str(out / layout.sbatch_script(command)),
         "configs": {k: str(v) for k, v in paths.items()},
-        "logs": str(out / "logs" / "slurm"),
+        "logs": str(here.logs("slurm")),
         "job_id": None,
     }
     if slurm.dry_run:
         return result
     result["job_id"] = sbatch(result["script"])
-    store.write_text("slurm/job.json", json.dumps({**result, "submitted_at": time.time()}, indent=2))
+    store.write_text(layout.SLURM_JOB, json.dumps({**result, "submitted_at": time.time()}, indent=2))
     return result

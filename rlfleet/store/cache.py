@@ -16,7 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rlfleet.store.runstore import MANIFEST, CorruptArtifact, RunStore, sha256_file
+from rlfleet.store.layout import MANIFEST, step_of
+from rlfleet.store.runstore import CorruptArtifact, RunStore, sha256_file
 
 log = logging.getLogger("rlfleet.store")
 
@@ -82,7 +83,7 @@ def _download(store: RunStore, rel: str, manifest: dict[str, Any], dest: Path) -
 
 def evict(parent: Path, keep: int, protect: str | None = None) -> list[str]:
     """Remove all but the newest `keep` `step_N` directories under parent (never `protect`)."""
-    steps = sorted((int(p.name[5:]), p) for p in parent.glob("step_*") if p.is_dir() and p.name[5:].isdigit())
+    steps = sorted((s, p) for p in parent.glob("step_*") if p.is_dir() and (s := step_of(p.name)) is not None)
     removed = []
     for _, p in steps[: max(len(steps) - keep, 0)]:
         if p.name != protect:

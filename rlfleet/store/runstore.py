@@ -27,7 +27,8 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-MANIFEST = "manifest.json"
+from rlfleet.store.layout import MANIFEST, step_of
+
 _CHUNK = 1 << 20
 
 
@@ -221,9 +222,9 @@ class RunStore:
             return []
         steps = []
         for entry in self.fs.ls(base, detail=False):
-            name = entry.rstrip("/").rsplit("/", 1)[-1]
-            if name.startswith("step_") and name[5:].isdigit() and self.fs.exists(f"{entry}/{MANIFEST}"):
-                steps.append(int(name[5:]))
+            step = step_of(entry.rstrip("/").rsplit("/", 1)[-1])
+            if step is not None and self.fs.exists(f"{entry}/{MANIFEST}"):
+                steps.append(step)
         return sorted(steps)
 
     def step_dirs(self, kind: str) -> list[int]:
@@ -231,14 +232,14 @@ class RunStore:
         if not self.fs.exists(self.path(kind)):
             return []
         names = (e.rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(self.path(kind), detail=False))
-        return sorted(int(n[5:]) for n in names if n.startswith("step_") and n[5:].isdigit())
+        return sorted(s for n in names if (s := step_of(n)) is not None)
 
     def json_steps(self, kind: str) -> list[int]:
         """N of every `<kind>/step_N.json` (steps/, metrics/, sync/), in order."""
         if not self.exists(kind):
             return []
         names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(self.path(kind), detail=False)]
-        return sorted(int(n[5:-5]) for n in names if n.startswith("step_") and n.endswith(".json"))
+        return sorted(s for n in names if (s := step_of(n, ".json")) is not None)
 
     def remove(self, rel: str) -> None:
         p = self.path(rel)
@@ -254,13 +255,7 @@ class RunStore:
             self.fs.rm(p, recursive=True)
 
 
-def step_dir(kind: str, step: int) -> str:
-    return f"{kind}/step_{step}"
-
-
 def _manifest_step(name: str) -> int | None:
     """N for `step_N/manifest.json`, else None."""
     head, _, tail = name.partition("/")
-    if tail == MANIFEST and head.startswith("step_") and head[5:].isdigit():
-        return int(head[5:])
-    return None
+    return step_of(head) if tail == MANIFEST else None

@@ -11,14 +11,15 @@ from rlfleet.inference.server import launch_replicas, stop_replicas
 from rlfleet.orchestrator.evaluate import evaluate
 from rlfleet.orchestrator.sampler import FixedReplicas
 from rlfleet.runs.handles import RunHandles
-from rlfleet.store import CorruptArtifact, RunStore, run_store, step_dir
+from rlfleet.store import CorruptArtifact, RunDir, RunStore, layout, run_store
+from rlfleet.store.records import EvalRecord
 from rlfleet.tasks.rl import step_key
 from rlfleet.trainer.files import checkpoint_model_path, latest_checkpoint
 
 
-def eval_record(store: RunStore, step: int | None, result: dict[str, Any], source: str) -> dict[str, Any]:
-    record = {"step": step, "source": source, **result}
-    store.write_json(f"evals/{'base' if step is None else f'step_{step}'}.json", record)
+def eval_record(store: RunStore, step: int | None, result: dict[str, Any], source: str) -> EvalRecord:
+    record: EvalRecord = {"step": step, "source": source, **result}
+    store.write_json(layout.eval_record(step), record)
     return record
 
 
@@ -33,12 +34,13 @@ def resolve_checkpoint(store: RunStore, which: str | int) -> tuple[int | None, s
         step = manifest["step"]
     else:
         step = int(which)
+        rel = layout.step_dir(layout.CHECKPOINTS, step)
         try:
-            ok = store.manifest(step_dir("checkpoints", step), verify=True) is not None
+            ok = store.manifest(rel, verify=True) is not None
         except CorruptArtifact as e:
-            raise FileNotFoundError(f"checkpoints/step_{step} is corrupt: {e}") from None
+            raise FileNotFoundError(f"{rel} is corrupt: {e}") from None
         if not ok:
-            raise FileNotFoundError(f"checkpoints/step_{step} is not a complete checkpoint in {store.url}")
+            raise FileNotFoundError(f"{rel} is not a complete checkpoint in {store.url}")
     return step, checkpoint_model_path(store, step)
 
 
@@ -47,7 +49,7 @@ def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
     store = run_store(cfg.output_dir)
     step, model_dir = resolve_checkpoint(store, cfg.checkpoint)
     serve = InferenceJobConfig(
-        output_dir=str(store.local_dir / "eval"),  # vLLM logs stay on this machine
+        output_dir=str(RunDir(store.local_dir).eval_servers),  # vLLM logs stay on this machine
         seed=cfg.seed,
         model=cfg.model,
         inference=cfg.inference,

@@ -29,7 +29,9 @@ from rlfleet.inference.pool import InferencePool
 from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import load_tokenizer, usable
 from rlfleet.runs.handles import RunHandles
-from rlfleet.store import RunStore, run_store, step_dir
+from rlfleet.store import RunDir, RunStore, layout, run_store
+from rlfleet.store.layout import rank_log
+from rlfleet.store.records import read_rollout_manifest
 from rlfleet.tasks.events import recovered
 from rlfleet.tasks.storage import result_storage
 from rlfleet.trainer.files import is_checkpoint_step, latest_checkpoint
@@ -103,14 +105,14 @@ def rollout(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
     its batches (`batches` in the result). A published rollout is reused while its weights are
     within `max_staleness` of N-1, else taken again (and its stale batches dropped)."""
     store = _store(cfg)
-    existing = store.manifest(step_dir("rollouts", step))
+    existing = read_rollout_manifest(store, step)
     pool = run.pool
     if existing is not None:
         if usable(step, existing["policy_step"], cfg.orchestrator.max_staleness):
             pool.sleep()  # inference.sleep: the trainer gets the GPU until the next broadcast
             return brief(existing) | {"batches": aggregate(cfg, step)}
-        store.remove(step_dir("batches", step))
-        store.remove(step_dir("rollouts", step))
+        store.remove(layout.step_dir(layout.BATCHES, step))
+        store.remove(layout.step_dir(layout.ROLLOUTS, step))
     assert run.stream is not None, "the flow starts the rollout stream before the first rollout"
     out = brief(run.stream.take(step))
     if out["reward_errors"]:  # contained user code, but the user must see it in the run's log
@@ -139,7 +141,7 @@ def rollout(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
 def aggregate(cfg: RLConfig, step: int) -> dict[str, Any]:
     """Step N's rollout as the trainer's micro-batches (advantages, staleness, padding)."""
     store = _store(cfg)
-    if (existing := store.manifest(step_dir("batches", step))) is not None:
+    if (existing := store.manifest(layout.step_dir(layout.BATCHES, step))) is not None:
         return brief(existing)
     pad_id = load_tokenizer(cfg.model.path).pad_token_id or 0
     return brief(
@@ -199,11 +201,11 @@ def train(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
     get_run_logger().info(  # on the task's page: the step's numbers and where the process logs are
         "loss %.4f grad_norm %.3f clip_frac %.3f mismatch_kl %.2e in %.2f s; trainer log: %s",
         metrics["loss"],
-        metrics.get("grad_norm", float("nan")),
-        metrics.get("clip_frac", 0.0),
-        metrics.get("mismatch_kl", 0.0),
-        metrics.get("step_seconds", 0.0),
-        store.local_dir / "logs" / "trainer" / "rank_0.log",
+        metrics["grad_norm"],
+        metrics["clip_frac"],
+        metrics["mismatch_kl"],
+        metrics["step_seconds"],
+        rank_log(RunDir(store.local_dir).logs("trainer"), 0),
     )
     return metrics | {"checkpoint": checkpoint(cfg, step)}
 
@@ -231,11 +233,12 @@ def checkpoint(cfg: RLConfig, step: int) -> dict[str, Any] | None:
     used (a resume); hashing it again here cost 3.5 s at 0.5B, 25 s at 1.5B."""
     if not is_checkpoint_step(step, cfg.trainer.checkpoint_interval, cfg.max_steps):
         return None
-    manifest = _store(cfg).manifest(step_dir("checkpoints", step))
+    rel = layout.step_dir(layout.CHECKPOINTS, step)
+    manifest = _store(cfg).manifest(rel)
     if manifest is None:
         if step < cfg.max_steps - 1:
             return {"step": step, "pending": True}
-        raise RuntimeError(f"checkpoints/step_{step} is missing after the last train step")
+        raise RuntimeError(f"{rel} is missing after the last train step")
     return {
         "step": step,
         "cursor": manifest["cursor"],

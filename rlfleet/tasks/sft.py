@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from rlfleet.config.loader import to_toml
 from rlfleet.config.models import SFTConfig
 from rlfleet.config.placement import assign_gpus
-from rlfleet.store import run_store
+from rlfleet.store import RunDir, layout, run_store
 from rlfleet.trainer.launch import run_torchrun
 from rlfleet.trainer.sft import run_sft
 
@@ -29,8 +29,8 @@ def sft_train(cfg: SFTConfig) -> dict[str, Any]:
     if len(gpus) <= 1:
         return run_sft(cfg)
     store = run_store(cfg.output_dir)
-    config = store.local_dir / "run" / "sft.toml"  # the ranks read it from this machine's disk
+    config = RunDir(store.local_dir).sft_ranks_config  # the ranks read it from this machine's disk
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(to_toml(cfg))
     run_torchrun(["sft", "@", str(config)], gpus, cfg.output_dir, "sft")
-    return store.read_json("summary.json")
+    return store.read_json(layout.SUMMARY)

@@ -14,14 +14,14 @@ from pathlib import Path
 
 from prefect.filesystems import RemoteFileSystem
 
-from rlfleet.store import RunStore
+from rlfleet.store import RunStore, layout
 
 _SAVED: dict[str, str] = {}
 
 
 def result_storage(store: RunStore) -> Path | str:
     """A `result_storage` value for tasks and flows writing into `store`'s `prefect/results/`."""
-    base = store.uri("prefect", "results")
+    base = store.uri(layout.PREFECT_RESULTS)
     if store.is_local:
         return Path(base)
     if base not in _SAVED:

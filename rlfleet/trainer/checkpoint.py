@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rlfleet.store import RunStore, step_dir
+from rlfleet.store import RunStore, layout
 from rlfleet.store import stage as stage_locally
 from rlfleet.trainer import hf_export
 from rlfleet.trainer.files import latest_checkpoint, prune_steps
@@ -68,7 +68,7 @@ class CheckpointManager:
         from its `model/`), or nothing for None; the step to train next."""
         if step is None:
             return 0
-        store, rel = self.store, step_dir("checkpoints", step)
+        store, rel = self.store, layout.step_dir(layout.CHECKPOINTS, step)
         if bool((store.manifest(rel) or {}).get("lora")) != self.lora:
             raise ValueError(
                 f"{rel} was trained {'with' if not self.lora else 'without'} [trainer.lora] and this "
@@ -76,17 +76,17 @@ class CheckpointManager:
                 "or start a new output_dir"
             )
         lm = hf_export.hf_model(self.model)
-        if store.exists(f"{rel}/optimizer.pt"):
+        if store.exists(f"{rel}/{layout.OPTIMIZER}"):
             if self.lora:
-                lm.load_state_dict(_trainable(lm, self._read(f"{rel}/adapter.pt")), strict=False)
-            self.optimizer.load_state_dict(self._read(f"{rel}/optimizer.pt"))
+                lm.load_state_dict(_trainable(lm, self._read(f"{rel}/{layout.ADAPTER}")), strict=False)
+            self.optimizer.load_state_dict(self._read(f"{rel}/{layout.OPTIMIZER}"))
         else:  # into any world size, or no process group; from a verified local copy
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
             local = store.local_path(rel) if store.is_local else stage_locally(store, rel, keep=1)
             state = dcp_state(self.model, self.optimizer)
-            dcp.load(state, checkpoint_id=str(local / "dcp"))
+            dcp.load(state, checkpoint_id=str(local / layout.DCP))
             set_state_dict(
                 lm,
                 self.optimizer,
@@ -150,7 +150,7 @@ class CheckpointManager:
         returns on rank 0 once every rank's shards and the metadata are written, which is what
         lets rank 0 publish without another barrier.
         """
-        store, par, rel = self.store, self.par, step_dir("checkpoints", step)
+        store, par, rel = self.store, self.par, layout.step_dir(layout.CHECKPOINTS, step)
         staged = hf_export.stage(store, rel, par)
         lm = hf_export.hf_model(self.model)
         # rank 0's full copy (the gather is a collective)
@@ -164,18 +164,20 @@ class CheckpointManager:
         def write() -> None:
             t0 = time.perf_counter()
             if state is not None:
-                hf_export.write_hf(lm, state, staged / "model", self.tokenizer_dir)
+                hf_export.write_hf(lm, state, staged / layout.CHECKPOINT_MODEL, self.tokenizer_dir)
             t1 = time.perf_counter()
             if par.enabled:
                 import torch.distributed.checkpoint as dcp
 
-                dcp.save(trainer_state, storage_writer=_dcp_writer(staged / "dcp"), process_group=self._group)
+                dcp.save(
+                    trainer_state, storage_writer=_dcp_writer(staged / layout.DCP), process_group=self._group
+                )
                 if not par.is_main:
                     return
             else:
-                torch.save(optim, staged / "optimizer.pt")
+                torch.save(optim, staged / layout.OPTIMIZER)
                 if adapter is not None:
-                    torch.save(adapter, staged / "adapter.pt")
+                    torch.save(adapter, staged / layout.ADAPTER)
             t2 = time.perf_counter()
             store.publish_dir(staged, rel, {"step": step, "cursor": cursor, "lora": self.lora})
             log.info(
@@ -233,13 +235,13 @@ def prune_checkpoints(store: RunStore, keep: int, written: int | None = None) ->
     """
     if keep <= 0:
         return []
-    steps = store.complete_steps("checkpoints")
+    steps = store.complete_steps(layout.CHECKPOINTS)
     if len(steps) <= keep:
-        return prune_steps(store, "checkpoints", keep)
+        return prune_steps(store, layout.CHECKPOINTS, keep)
     if written is not None and written == steps[-1]:
-        return prune_steps(store, "checkpoints", keep, protect=written)
+        return prune_steps(store, layout.CHECKPOINTS, keep, protect=written)
     resume = latest_checkpoint(store)
-    return prune_steps(store, "checkpoints", keep, protect=None if resume is None else resume["step"])
+    return prune_steps(store, layout.CHECKPOINTS, keep, protect=None if resume is None else resume["step"])
 
 
 class HostCopy:

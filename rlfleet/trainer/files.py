@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlfleet.store import CorruptArtifact, RunStore, step_dir
+from rlfleet.store import CorruptArtifact, RunStore, layout
 from rlfleet.store import stage as stage_locally
+from rlfleet.store.records import CheckpointManifest
 
 log = logging.getLogger("rlfleet.trainer")
-
-ERROR_FILE = "run/trainer_error.json"
 
 
 def is_checkpoint_step(step: int, interval: int, max_steps: int) -> bool:
@@ -30,14 +29,14 @@ def poll_interval(store: RunStore, poll_s: float) -> float:
 
 
 def read_trainer_error(store: RunStore) -> dict[str, Any] | None:
-    return store.read_json(ERROR_FILE) if store.exists(ERROR_FILE) else None
+    return store.read_json(layout.TRAINER_ERROR) if store.exists(layout.TRAINER_ERROR) else None
 
 
-def latest_checkpoint(store: RunStore) -> dict[str, Any] | None:
+def latest_checkpoint(store: RunStore) -> CheckpointManifest | None:
     """The manifest of the newest checkpoint whose files all verify, or None."""
-    for step in reversed(store.complete_steps("checkpoints")):
+    for step in reversed(store.complete_steps(layout.CHECKPOINTS)):
         try:
-            manifest = store.manifest(step_dir("checkpoints", step), verify=True)
+            manifest = store.manifest(layout.step_dir(layout.CHECKPOINTS, step), verify=True)
         except CorruptArtifact as e:
             log.warning("checkpoint step %d is corrupt (%s); falling back to the previous one", step, e)
             continue
@@ -48,9 +47,10 @@ def latest_checkpoint(store: RunStore) -> dict[str, Any] | None:
 
 def checkpoint_model_path(store: RunStore, step: int) -> str:
     """A path `from_pretrained` can read; a remote checkpoint is staged (verified) to the local cache."""
+    rel = layout.step_dir(layout.CHECKPOINTS, step)
     if store.is_local:
-        return str(store.local_path(step_dir("checkpoints", step), "model"))
-    return str(stage_locally(store, step_dir("checkpoints", step), keep=1) / "model")
+        return str(store.local_path(rel, layout.CHECKPOINT_MODEL))
+    return str(stage_locally(store, rel, keep=1) / layout.CHECKPOINT_MODEL)
 
 
 def prune_steps(store: RunStore, kind: str, keep: int, protect: int | None = None) -> list[int]:
@@ -64,5 +64,5 @@ def prune_steps(store: RunStore, kind: str, keep: int, protect: int | None = Non
     gone = [s for s in steps if s not in kept and s != protect]
     gone += [s for s in store.step_dirs(kind) if s < kept[0] and s not in steps]
     for s in gone:
-        store.remove(step_dir(kind, s))
+        store.remove(layout.step_dir(kind, s))
     return sorted(gone)

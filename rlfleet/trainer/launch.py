@@ -10,7 +10,9 @@ from typing import Any
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import DeterministicError, TransientError
 from rlfleet.procs import RANK_LOGS, ManagedProcess, python_module_cmd
-from rlfleet.store import RunStore, local_dir, run_store
+from rlfleet.store import RunDir, RunStore, local_dir, run_store
+from rlfleet.store.layout import rank_log
+from rlfleet.store.records import TrainerMetrics, read_metrics
 from rlfleet.trainer.files import poll_interval, read_trainer_error
 
 
@@ -50,13 +52,13 @@ def run_torchrun(argv: list[str], gpu_ids: list[str], output_dir: str, name: str
     deterministic error this time (`death_error`)."""
     store = run_store(output_dir)
     before = read_trainer_error(store)
-    out = local_dir(output_dir)
-    logs = out / "logs" / name
+    here = RunDir(local_dir(output_dir))
+    logs = here.logs(name)
     proc = ManagedProcess(
         name=name,
         cmd=torchrun_cmd(len(gpu_ids), argv),
-        log_path=logs / "rank_0.log",
-        pidfile=out / "run" / f"{name}.pid",
+        log_path=rank_log(logs, 0),
+        pidfile=here.pidfile(name),
         env={
             "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids),
             "HF_HUB_OFFLINE": "1",
@@ -88,37 +90,35 @@ class TrainerProcess:
         if self.process is not None and self.process.alive():
             return None
         died = None if self.process is None else self.process.returncode()
-        out = local_dir(self.cfg.output_dir)  # logs and pidfiles stay on this machine
+        here = RunDir(local_dir(self.cfg.output_dir))  # logs and pidfiles stay on this machine
         env = {"CUDA_VISIBLE_DEVICES": ",".join(self.cfg.gpu_ids)} if self.cfg.gpu_ids else {}
         self.launches += 1
         self.error_before = read_trainer_error(run_store(self.cfg.output_dir))
         args = ["trainer", "@", str(self.config_path)]
         n = len(self.cfg.gpu_ids)
-        logs = out / "logs" / "trainer"
+        logs = here.logs("trainer")
         self.process = ManagedProcess(
             name="trainer",
             cmd=torchrun_cmd(n, args) if n > 1 else python_module_cmd("rlfleet.cli", args),
-            log_path=logs / "rank_0.log",
-            pidfile=out / "run" / "trainer.pid",
+            log_path=rank_log(logs, 0),
+            pidfile=here.pidfile("trainer"),
             env={**env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", RANK_LOGS: str(logs)},
         ).start()
         return died
 
-    def wait_step(self, store: RunStore, step: int, timeout_s: float) -> dict[str, Any]:
-        """Block until `metrics/step_N.json` exists; notice a dead trainer within a poll interval.
+    def wait_step(self, store: RunStore, step: int, timeout_s: float) -> TrainerMetrics:
+        """Block until step N's metrics record exists; notice a dead trainer within a poll interval.
 
         A death is a TrainerDied (transient: the retry relaunches from the latest checkpoint)
         unless the trainer recorded an error that will recur (DeterministicError, no retry).
         """
-        rel = f"metrics/step_{step}.json"
         start = time.monotonic()
-        while not store.exists(rel):
+        while (metrics := read_metrics(store, step)) is None:
             if (error := self.failure(store, step)) is not None:
                 raise error
             if time.monotonic() - start > timeout_s:
                 raise TimeoutError(f"trainer step {step} not done after {timeout_s:.0f}s")
             time.sleep(poll_interval(store, self.cfg.trainer.poll_interval_s))
-        metrics = store.read_json(rel)
         metrics["wait_seconds"] = time.monotonic() - start
         return metrics
 

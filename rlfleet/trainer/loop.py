@@ -5,7 +5,8 @@ base from `model.path` and the adapters from the checkpoint), optimizer, lr sche
 step, the data source, a warm-up. Loop: the source's batch and objective (on a GPU, RL's packed
 rows regrouped into micro-batches by tokens, sized at the first batch: `TokenBudget`), one
 optimizer step, the source's publish (RL: weights to vLLM), a checkpoint when due
-(`CheckpointManager`), the source's metrics record. Teardown: finish the checkpoint write in flight and leave any error in
+(`CheckpointManager`), the step's metrics record (`metrics/step_N.json`, written here only), the
+source's finish. Teardown: finish the checkpoint write in flight and leave any error in
 `run/trainer_error.json` for whoever launched the trainer (`record_trainer_error`): it decides
 between a retry and failing fast.
 """
@@ -23,10 +24,11 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from rlfleet.config.dtypes import torch_dtype
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import is_transient
-from rlfleet.store import RunStore, run_store
+from rlfleet.store import RunStore, layout, run_store
+from rlfleet.store.records import write_metrics
 from rlfleet.trainer.budget import TokenBudget
 from rlfleet.trainer.checkpoint import CheckpointManager
-from rlfleet.trainer.files import ERROR_FILE, checkpoint_model_path, latest_checkpoint, read_trainer_error
+from rlfleet.trainer.files import checkpoint_model_path, latest_checkpoint, read_trainer_error
 from rlfleet.trainer.parallel import Parallel, parallelize, setup, teardown
 from rlfleet.trainer.schedule import make_scheduler
 from rlfleet.trainer.train import (
@@ -63,8 +65,12 @@ class Source(Protocol):
     def publish(self, step: int, policy: Policy) -> dict[str, Any]:
         """After the optimizer step, before its checkpoint; extra metrics."""
 
+    def record(self, step: int) -> dict[str, Any]:
+        """The source's fields of step `step`'s metrics record (its checkpoint, if due, is copied;
+        the last one written)."""
+
     def finish(self, step: int, metrics: dict[str, Any]) -> None:
-        """Record step `step` (its checkpoint, if due, is copied; the last one written)."""
+        """Step `step` is done: its metrics record is written."""
 
     def close(self) -> None: ...
 
@@ -114,6 +120,9 @@ def train(cfg: TrainerJobConfig, source: Source) -> None:
             metrics.update(source.publish(step, policy))
             if (secs := ckpt.save(step, batch.cursor, last=step == cfg.max_steps - 1)) is not None:
                 metrics["checkpoint_seconds"] = secs
+            metrics.update(source.record(step))
+            if par.is_main:  # the record's one writer; its existence says step N is done
+                write_metrics(store, step, metrics)
             source.finish(step, metrics)
             scheduler.step()
         par.barrier()
@@ -174,7 +183,7 @@ def record_trainer_error(store: RunStore, step: int, exc: BaseException) -> None
     oom = isinstance(exc, torch.OutOfMemoryError)
     repeated_oom = oom and previous.get("type") == type(exc).__name__ and previous.get("step") == step
     store.write_json(
-        ERROR_FILE,
+        layout.TRAINER_ERROR,
         {
             "pid": os.getpid(),
             "job": os.environ.get("SLURM_JOB_ID"),  # an ExternalTrainer reads only its own job's

@@ -3,7 +3,7 @@ The RL flow asks it before it starts anything; the SFT trainer, which resumes by
 
 from __future__ import annotations
 
-from rlfleet.store import RunStore, step_dir
+from rlfleet.store import RunStore, layout
 from rlfleet.trainer.files import latest_checkpoint
 
 
@@ -22,16 +22,16 @@ def discard_stale(store: RunStore, start: int) -> list[str]:
     that are about to be recomputed, so they go.
     """
     removed = []
-    for kind, first in (("weights", start), ("rollouts", start + 1), ("batches", start + 1)):
+    for kind, first in ((layout.WEIGHTS, start), (layout.ROLLOUTS, start + 1), (layout.BATCHES, start + 1)):
         for s in store.complete_steps(kind):
             if s >= first:
-                store.remove(step_dir(kind, s))
-                removed.append(step_dir(kind, s))
-    for kind in ("metrics", "steps", "sync"):  # sync/: a dead trainer's weight tickets
+                store.remove(layout.step_dir(kind, s))
+                removed.append(layout.step_dir(kind, s))
+    for kind in layout.STEP_RECORDS:  # sync/: a dead trainer's weight tickets
         for s in store.json_steps(kind):
             if s >= start:
-                store.fs.rm(store.path(f"{kind}/step_{s}.json"))
-                removed.append(f"{kind}/step_{s}.json")
+                store.fs.rm(store.path(layout.step_json(kind, s)))
+                removed.append(layout.step_json(kind, s))
     return removed
 
 
@@ -40,6 +40,6 @@ def pristine(store: RunStore) -> bool:
     batch a trainer started now could train before the flow runs."""
     return (
         latest_checkpoint(store) is None
-        and not any(store.complete_steps(kind) for kind in ("weights", "rollouts", "batches"))
-        and not any(store.json_steps(kind) for kind in ("metrics", "steps", "sync"))
+        and not any(store.complete_steps(kind) for kind in (layout.WEIGHTS, layout.ROLLOUTS, layout.BATCHES))
+        and not any(store.json_steps(kind) for kind in layout.STEP_RECORDS)
     )

@@ -4,7 +4,8 @@ It holds the model and optimizer warm across steps and talks to the rest of the 
 the run store: it executes step N once `batches/step_N` is published and answers with step N's
 weights through the configured transport (rlfleet/weights), a checkpoint every
 `checkpoint_interval` steps (written in the background; the last one before the last step ends),
-and `metrics/step_N.json` written last, which is the signal that step N is done.
+and its metrics record, which the loop writes last (`metrics/step_N.json`): the signal that step
+N is done.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import torch
 
 from rlfleet.batches import load_micro_batches
 from rlfleet.config.models import TrainerJobConfig
-from rlfleet.store import RunStore, run_store, step_dir
+from rlfleet.store import RunStore, layout, run_store
+from rlfleet.store.records import BatchManifest
 from rlfleet.trainer.files import poll_interval
 from rlfleet.trainer.loop import Batch, train
 from rlfleet.trainer.losses import PolicyLoss, StepNorm
@@ -33,10 +35,10 @@ def run_trainer(cfg: TrainerJobConfig) -> None:
     train(cfg, ControllerBatches(cfg, run_store(cfg.output_dir)))
 
 
-def step_norm(manifest: dict[str, Any], normalizer: float | None) -> StepNorm:
+def step_norm(manifest: BatchManifest, normalizer: float | None) -> StepNorm:
     """The step's normalisers from its batch manifest (rlfleet/orchestrator/batch.py); the constant
     one is `loss.normalizer`, or max_tokens x sequences (Dr.GRPO's generation budget)."""
-    seqs = manifest.get("num_sequences", 0)
+    seqs = manifest.get("num_sequences", 0)  # absent from batches written before [loss] (0d4f7c5)
     return StepNorm(manifest["num_loss_tokens"], seqs, normalizer or manifest.get("max_tokens", 0) * seqs)
 
 
@@ -58,7 +60,7 @@ class ControllerBatches:
 
     def batch(self, step: int) -> Batch:
         """Once step N's batch is published; meanwhile the publisher answers the controller."""
-        while self.store.manifest(step_dir("batches", step)) is None:
+        while self.store.manifest(layout.step_dir(layout.BATCHES, step)) is None:
             self.publisher.poll()
             time.sleep(poll_interval(self.store, self.cfg.trainer.poll_interval_s))
         self.t0 = time.perf_counter()
@@ -73,20 +75,19 @@ class ControllerBatches:
         self.publisher.publish(step, policy)
         return {"publish_seconds": time.perf_counter() - t0}
 
-    def finish(self, step: int, metrics: dict[str, Any]) -> None:
-        if not self.par.is_main:
-            self.publisher.serve(step)
-            return
+    def record(self, step: int) -> dict[str, Any]:
         m = self.manifest
-        metrics.update(
-            step=step,
-            reward_mean=m["reward_mean"],
-            step_seconds=time.perf_counter() - self.t0,
-            policy_steps=m.get("policy_steps", []),
-            max_staleness=m.get("max_staleness", 0),
-        )
-        self.store.write_json(f"metrics/step_{step}.json", metrics)
+        return {
+            "step": step,
+            "step_seconds": time.perf_counter() - self.t0,
+            "policy_steps": m.get("policy_steps", []),
+            "max_staleness": m.get("max_staleness", 0),
+        }
+
+    def finish(self, step: int, metrics: dict[str, Any]) -> None:
         self.publisher.serve(step)  # after "done": nccl sends while the controller asks vLLM to receive
+        if not self.par.is_main:
+            return
         if self.cfg.inference.sleep and self.par.device.type == "cuda":
             torch.cuda.empty_cache()  # vLLM wakes into the memory the trainer's cache would hold
         log.info(

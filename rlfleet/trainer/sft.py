@@ -19,7 +19,8 @@ from transformers import AutoTokenizer
 from rlfleet.config.checks import check_lora, check_model, check_output_dir, raise_if
 from rlfleet.config.models import SFTConfig
 from rlfleet.report import curve_png, mean_or_none, step_progress
-from rlfleet.store import RunStore, run_store, step_dir
+from rlfleet.store import RunStore, layout, run_store
+from rlfleet.store.records import read_metrics
 from rlfleet.trainer.loop import Batch, train
 from rlfleet.trainer.nll import NLL
 from rlfleet.trainer.parallel import Parallel
@@ -95,11 +96,12 @@ class DatasetBatches:
             )
         return {}
 
-    def finish(self, step: int, metrics: dict[str, Any]) -> None:
+    def record(self, step: int) -> dict[str, Any]:
         epoch = step * self.cfg.data.batch_size // len(self.ds)
-        metrics.update(step=step, epoch=epoch, seconds=time.perf_counter() - self.t0)
+        return {"step": step, "epoch": epoch, "seconds": time.perf_counter() - self.t0}
+
+    def finish(self, step: int, metrics: dict[str, Any]) -> None:
         if self.par.is_main:
-            self.store.write_json(f"metrics/step_{step}.json", metrics)
             log.info(
                 "step %d: loss %.4f (%d tokens, %.2f s)",
                 step,
@@ -116,23 +118,21 @@ class DatasetBatches:
 
 
 def write_sft_report(store: RunStore, cfg: SFTConfig, wall_seconds: float) -> dict[str, Any]:
-    steps = [
-        store.read_json(f"metrics/step_{s}.json") for s in store.json_steps("metrics") if s < cfg.max_steps
-    ]
+    steps = [read_metrics(store, s) for s in store.json_steps(layout.METRICS) if s < cfg.max_steps]
     losses = [s["loss"] for s in steps]
-    weights = store.complete_steps("weights")
+    weights = store.complete_steps(layout.WEIGHTS)
     summary = {
         "steps": steps,
         "wall_seconds": wall_seconds,
-        "config": store.path("configs/sft.toml"),
+        "config": store.path(layout.config("sft")),
         "first3_mean_loss": mean_or_none(losses[:3]),
         "last3_mean_loss": mean_or_none(losses[-3:]),
-        "weights": store.path(step_dir("weights", weights[-1])) if weights else None,
-        "loss_curve": store.path("loss_curve.png") if steps else None,
+        "weights": store.path(layout.step_dir(layout.WEIGHTS, weights[-1])) if weights else None,
+        "loss_curve": store.path(layout.LOSS_CURVE) if steps else None,
     }
     if steps:
         store.write_bytes(
-            "loss_curve.png", curve_png([s["step"] for s in steps], losses, cfg.name, "loss (NLL)")
+            layout.LOSS_CURVE, curve_png([s["step"] for s in steps], losses, cfg.name, "loss (NLL)")
         )
-    store.write_json("summary.json", summary)
+    store.write_json(layout.SUMMARY, summary)
     return summary

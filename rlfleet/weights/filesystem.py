@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from rlfleet.config.models import TrainerJobConfig
-from rlfleet.store import RunStore, step_dir
+from rlfleet.store import RunStore, layout
 from rlfleet.trainer import hf_export
 from rlfleet.trainer.files import prune_steps
 from rlfleet.trainer.parallel import Parallel
@@ -21,7 +21,7 @@ def publish_weights(
     store: RunStore, step: int, model: torch.nn.Module, tokenizer_dir: str, par: Parallel | None = None
 ) -> dict[str, Any]:
     """`weights/step_N`: the model as an HF directory (gathered on rank 0 when sharded)."""
-    rel = step_dir("weights", step)
+    rel = layout.step_dir(layout.WEIGHTS, step)
     staged = hf_export.stage(store, rel, par)
     if (state := hf_export.full_state(model, par, cpu=True)) is not None:
         hf_export.write_hf(hf_export.hf_model(model), state, staged, tokenizer_dir)
@@ -35,7 +35,7 @@ class FilesystemPublisher:
     def publish(self, step: int, model: torch.nn.Module) -> None:
         publish_weights(self.store, step, model, self.tokenizer_dir, self.par)
         if self.par.is_main:
-            prune_steps(self.store, "weights", self.keep)  # the newest `keep` snapshots
+            prune_steps(self.store, layout.WEIGHTS, self.keep)  # the newest `keep` snapshots
 
     def serve(self, step: int) -> None:
         """Nothing to hand over: the replicas read the files when the controller asks them to."""

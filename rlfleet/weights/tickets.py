@@ -16,19 +16,17 @@ import time
 from typing import Any
 
 from rlfleet.procs import running
-from rlfleet.store import CorruptArtifact, RunStore, stage, step_dir
+from rlfleet.store import CorruptArtifact, RunStore, layout, stage
 
 log = logging.getLogger("rlfleet.weights")
 
-SERVED = "run/weights_served.json"
-REGROUP = (
-    "sync/regroup.json"  # the controller's request for a new nccl group: {"id", "by": the asking process}
-)
-REGROUPED = "sync/regrouped.json"  # the trainer's answer: a ticket whose group id is the request's
+SERVED = layout.WEIGHTS_SERVED
+REGROUP = layout.REGROUP  # the controller's request for a new nccl group: {"id", "by": the asking process}
+REGROUPED = layout.REGROUPED  # the trainer's answer: a ticket whose group id is the request's
 
 
 def ticket_rel(step: int) -> str:
-    return f"sync/step_{step}.json"
+    return layout.step_json(layout.SYNC, step)
 
 
 def trainer_ticket(store: RunStore, step: int, transport: str) -> dict[str, Any]:
@@ -78,11 +76,14 @@ def newest_weights(store: RunStore, step: int, checksum: bool = True) -> tuple[i
     reading what this run's trainer published (and hashed) moments ago. A resume re-hashes it all.
     """
     candidates = sorted(
-        {s for kind in ("weights", "checkpoints") for s in store.complete_steps(kind) if s <= step},
+        {s for kind in (layout.WEIGHTS, layout.CHECKPOINTS) for s in store.complete_steps(kind) if s <= step},
         reverse=True,
     )
     for s in candidates:
-        for rel, sub in ((step_dir("weights", s), ""), (step_dir("checkpoints", s), "model")):
+        for rel, sub in (
+            (layout.step_dir(layout.WEIGHTS, s), ""),
+            (layout.step_dir(layout.CHECKPOINTS, s), layout.CHECKPOINT_MODEL),
+        ):
             try:
                 local = stage(store, rel, keep=WEIGHTS_CACHED, checksum=checksum)
             except FileNotFoundError:
