@@ -29,7 +29,9 @@ def mean_curve(ds: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 
 def summarize(groups: dict[tuple[str, str], list[dict[str, Any]]], base: float | None) -> dict[str, Any]:
-    """Final pass@1 per (framework, variant) and when its mean curve reaches TRL's final (mean) pass@1."""
+    """Final pass@1 per (framework, variant) and when its mean curve reaches TRL's final (mean) pass@1:
+    in training seconds from the command's start (the goal's measure) and after each run's start-up
+    (`loop_s`: processes, engine and model load taken out, the loop alone)."""
     trl = next((ds for (fw, _), ds in sorted(groups.items()) if fw == "trl"), None)
     target = mean_curve(trl)[-1]["pass@1"] if trl else None
     summary: dict[str, Any] = {"base_pass@1": base, "trl_final_pass@1": target, "groups": {}}
@@ -41,11 +43,15 @@ def summarize(groups: dict[tuple[str, str], list[dict[str, Any]]], base: float |
         for key in ("train_wall_s", "wall_s", "step") if target is not None else ():
             row[f"to_trl_final_{key}"] = reach(mean, target, key)
             row[f"to_trl_final_{key}_per_seed"] = [reach(d["curve"], target, key) for d in ds]
+        if target is not None:  # the loop alone: training seconds after the run's start-up
+            loop = [at - d["startup_s"] for d in ds if (at := reach(d["curve"], target, "train_wall_s"))]
+            row["startup_s_per_seed"] = [d.get("startup_s") for d in ds]
+            row["to_trl_final_loop_s"] = fmean(loop) if len(loop) == len(ds) else None
         summary["groups"][f"{fw}/{var}"] = row
     theirs = next((r for k, r in summary["groups"].items() if k.startswith("trl/")), {})
     for k, row in summary["groups"].items():
         if theirs and not k.startswith("trl/"):  # the goal: TRL's time / rlfleet's >= 3
-            for key in ("train_wall_s", "wall_s"):
+            for key in ("train_wall_s", "wall_s", "loop_s"):
                 mine, ref = row[f"to_trl_final_{key}"], theirs[f"to_trl_final_{key}"]
                 row[f"trl_over_rlfleet_{key}"] = ref / mine if mine and ref else None
             row["goal_3x_met"] = (row["trl_over_rlfleet_train_wall_s"] or 0) >= 3.0

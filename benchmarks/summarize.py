@@ -6,7 +6,7 @@
 Each headline below names the result files it reads; the value, the peer's value, the ratio, the
 date and the machine come from those files (a file that lacks a date or a machine names the
 headline's own), so a new result changes the table only through its JSON. Learning runs are read
-generically from `learning_vs_trl_h200/summary.json`: one row per rlfleet group that it holds.
+generically from each `LEARNING` directory's summary.json: one row per rlfleet group that reached TRL's accuracy.
 """
 
 from __future__ import annotations
@@ -104,37 +104,46 @@ def long_tail() -> list[Row]:
     return rows
 
 
+LEARNING = {  # results directory -> what its job is
+    "learning_vs_trl_h200": ("one-digit addition, 32-token answers", "one_seed"),
+    "learning_vs_trl_h200_warm": ("one-digit addition, 32-token answers, warm host", "seed1"),
+    "learning_vs_trl_reason_h200": ("one-digit addition with its working, up to 1,024 tokens", "reason"),
+}
+
+
 def learning_vs_trl() -> list[Row]:
-    """SmolLM2-135M-Instruct on one-digit addition: training seconds until rlfleet's greedy eval
-    pass@1 reaches TRL's final one, against TRL's own; every rlfleet group in summary.json."""
-    summary = load("learning_vs_trl_h200/summary.json")
-    runs = [load(str(Path(f).relative_to("benchmarks/results"))) for f in summary["files"]]
-    trl = summary["groups"].get("trl/sync")
+    """SmolLM2-135M-Instruct learning one-digit addition: training seconds until rlfleet's greedy eval
+    pass@1 reaches TRL's final one, against TRL's own (and, in the value, the same after each run's
+    start-up); every rlfleet group of each directory's summary.json."""
     rows = []
-    for name, g in summary["groups"].items():
-        if name.startswith("trl/"):
-            continue
-        framework, variant = name.split("/", 1)
-        mine = [r for r in runs if r.get("framework") == framework and r.get("variant") == variant]
-        first = mine[0] if mine else {}
-        seeds = len(g.get("seeds", []))
-        target = summary["trl_final_pass@1"]
-        peer = f"TRL 1.16 GRPOTrainer: {trl['to_trl_final_train_wall_s']:.1f} s" if trl else ""
-        rows.append(
-            Row(
-                f"SmolLM2-135M, one-digit addition: training s to TRL's final pass@1 "
-                f"({summary['base_pass@1']:.2f} -> {target:.2f}), rlfleet {variant}, "
-                f"{seeds} seed{'s' if seeds != 1 else ''}",
-                f"{g['to_trl_final_train_wall_s']:.1f} s (step {g['to_trl_final_step']:.0f}; "
-                f"final pass@1 {g['final_pass@1']:.2f})",
-                peer,
-                ratio(g["trl_over_rlfleet_train_wall_s"]) if "trl_over_rlfleet_train_wall_s" in g else "",
-                date(first),
-                machine(first.get("env")),
-                command(first.get("command", "bash benchmarks/learning_vs_trl_gpu.sh one_seed")),
-                "benchmarks/learning.md#learning-against-trl-a-real-model-on-a-real-task-issue-40-benchmarkslearning_vs_trlpy",
+    for directory, (job, mode) in LEARNING.items():
+        summary = load(f"{directory}/summary.json")
+        runs = [load(str(Path(f).relative_to("benchmarks/results"))) for f in summary["files"]]
+        trl = summary["groups"].get("trl/sync")
+        for name, g in summary["groups"].items():
+            if name.startswith("trl/") or g.get("to_trl_final_train_wall_s") is None:
+                continue  # TRL itself, or a variant that never reached TRL's accuracy
+            framework, variant = name.split("/", 1)
+            mine = [r for r in runs if r.get("framework") == framework and r.get("variant") == variant]
+            first = mine[0] if mine else {}
+            seeds = len(g.get("seeds", []))
+            peer = f"TRL 1.16 GRPOTrainer: {trl['to_trl_final_train_wall_s']:.1f} s" if trl else ""
+            loop = g.get("trl_over_rlfleet_loop_s")
+            rows.append(
+                Row(
+                    f"SmolLM2-135M, {job}: training s to TRL's final pass@1 "
+                    f"({summary['base_pass@1']:.2f} -> {summary['trl_final_pass@1']:.2f}), rlfleet {variant}, "
+                    f"{seeds} seed{'s' if seeds != 1 else ''}",
+                    f"{g['to_trl_final_train_wall_s']:.1f} s (step {g['to_trl_final_step']:.0f})"
+                    + (f"; after start-up {ratio(loop)} TRL's speed" if loop else ""),
+                    peer,
+                    ratio(g["trl_over_rlfleet_train_wall_s"]) if "trl_over_rlfleet_train_wall_s" in g else "",
+                    date(first),
+                    machine(first.get("env")),
+                    command(first.get("command", f"bash benchmarks/learning_vs_trl_gpu.sh {mode}")),
+                    "benchmarks/learning.md#learning-against-trl-a-real-model-on-a-real-task-issue-40-benchmarkslearning_vs_trlpy",
+                )
             )
-        )
     return rows
 
 
