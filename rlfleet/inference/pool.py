@@ -36,6 +36,8 @@ from rlfleet.weights.tickets import write_served
 
 log = logging.getLogger("rlfleet.inference")
 
+WATCH_INTERVAL_S = 1.0  # how often the pool looks at its replicas' processes and /health
+
 
 class InferencePool:
     def __init__(self, cfg: InferenceJobConfig):
@@ -56,6 +58,8 @@ class InferencePool:
         self.versions: dict[str, int] = {}
         # the rollout stream relaunches and the flow broadcasts from different threads
         self.lock = threading.RLock()
+        self._watcher: threading.Thread | None = None
+        self._stop = threading.Event()
 
     @property
     def urls(self) -> list[str]:
@@ -69,7 +73,34 @@ class InferencePool:
 
     def ensure(self) -> list[str]:
         with self.lock:
-            return self._ensure()
+            urls = self._ensure()
+        self._watch_start()
+        return urls
+
+    def _watch_start(self) -> None:
+        """Once the replicas first serve: a daemon thread relaunches one whose process exited, or
+        whose /health fails, within about `WATCH_INTERVAL_S`, instead of when a request to it next
+        fails. An idle stream (its groups all finished, waiting for the trainer) sent none, so a
+        replica that died then was first noticed by the next broadcast. External replicas are not
+        this controller's to relaunch."""
+        if self._watcher is None and not self.cfg.inference.urls and not self.closed:
+            self._watcher = threading.Thread(target=self._watch, name="rlfleet-replica-watch", daemon=True)
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_INTERVAL_S):
+            with self.lock:
+                replicas, idle = list(self.replicas), self.starting or self.asleep
+            if idle or not replicas:
+                continue
+            if all(r.process.alive() and probe(r.url) is not False for r in replicas):
+                continue
+            try:
+                self.ensure()  # looks again under the lock: a request's heal may have relaunched it
+            except DeterministicError:
+                return  # shut down meanwhile
+            except Exception as e:  # noqa: BLE001 - the next request or broadcast tries again
+                log.warning("relaunching a dead vLLM replica failed (%s: %s)", type(e).__name__, e)
 
     def start(self) -> None:
         """Start the replicas' processes without waiting for them: the first `ensure` waits."""
@@ -100,6 +131,10 @@ class InferencePool:
                 self.replicas = []  # stopped by wait_ready
                 raise
         dead = [r for r in self.replicas if not r.process.alive() or probe(r.url) is False]
+        for r in dead:
+            code = r.process.returncode()
+            why = "its /health failed" if code is None else f"it exited with code {code}"
+            log.warning("vLLM replica %d at %s is dead (%s): relaunching", r.index, r.url, why)
         if dead or not self.replicas:
             self.relaunched += [
                 {"replica": r.index, "exit_code": r.process.returncode(), "weights": self.policy_step}
@@ -222,6 +257,7 @@ class InferencePool:
 
     def shutdown(self) -> None:
         self.closed = True
+        self._stop.set()
         with self.lock:
             stop_replicas(self.replicas)
             self.replicas = []
