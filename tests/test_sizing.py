@@ -11,10 +11,7 @@ import torch
 from rlfleet.batches import packed_micro_batches, regroup_rows
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
-from rlfleet.trainer.budget import TokenBudget
-from rlfleet.trainer.losses import PolicyLoss
-from rlfleet.trainer.parallel import Parallel
-from rlfleet.trainer.sizing import (
+from rlfleet.config.sizing import (
     GIB,
     HEADROOM,
     MARGIN,
@@ -25,6 +22,9 @@ from rlfleet.trainer.sizing import (
     row_groups,
     size_micro_batch,
 )
+from rlfleet.trainer.budget import TokenBudget
+from rlfleet.trainer.losses import PolicyLoss
+from rlfleet.trainer.parallel import Parallel
 from rlfleet.trainer.train import Policy, load_model, make_optimizer, train_step
 from tests.helpers import random_records
 

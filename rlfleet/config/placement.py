@@ -14,8 +14,8 @@ from rlfleet.config.deployment import DeploymentConfig, MultiNodeDeployment
 from rlfleet.config.dtypes import DTYPE_BYTES
 from rlfleet.config.loader import ConfigError
 from rlfleet.config.models import RLConfig
+from rlfleet.config.sizing import GIB, ModelShape, most_tokens
 from rlfleet.config.weights import placed
-from rlfleet.trainer.sizing import GIB, ModelShape, most_tokens
 
 
 def visible_gpus() -> list[str]:

@@ -1,4 +1,4 @@
-"""A GPU trainer's micro-batches by tokens, sized at its first batch (trainer/sizing.py says why
+"""A GPU trainer's micro-batches by tokens, sized at its first batch (config/sizing.py says why
 the trainer, not the orchestrator, decides): a probe of the memory a row costs beside vLLM, activation
 checkpointing turned on when a row would not fit without it, a refusal naming the field when it
 would not fit with it."""
@@ -13,9 +13,9 @@ import torch
 from rlfleet.batches import regroup_rows
 from rlfleet.config.dtypes import torch_dtype
 from rlfleet.config.models import TrainerJobConfig
+from rlfleet.config.sizing import GIB, Sizing, row_groups, size_micro_batch
 from rlfleet.errors import DeterministicError
 from rlfleet.trainer.parallel import Parallel, apply_activation_checkpointing
-from rlfleet.trainer.sizing import GIB, Sizing, row_groups, size_micro_batch
 from rlfleet.trainer.train import Policy, free_memory, init_optimizer_state, probe_row
 
 log = logging.getLogger("rlfleet.trainer")
@@ -27,7 +27,7 @@ SHORT_ROW = 1024
 
 
 class TokenBudget:
-    """A GPU trainer's micro-batches by tokens (trainer/sizing.py says why the trainer does it).
+    """A GPU trainer's micro-batches by tokens (config/sizing.py says why the trainer does it).
 
     At the first batch of packed rows it fixes how many rows a micro-batch holds: as many as
     trainer.micro_batch_tokens says, else as many as fit the memory a probe finds free; either way

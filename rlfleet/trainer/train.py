@@ -193,7 +193,7 @@ def warm_up(policy: Policy, par: Parallel | None, tokens: int = 64) -> float:
 
 def probe_row(policy: Policy, par: Parallel, tokens: int, sync: bool) -> int:
     """Peak bytes one forward and backward of a packed row of `tokens` adds to what the GPU holds
-    (trainer/sizing.py). The loss is a zero, so gradients accumulate zeros; sync=False skips FSDP's
+    (config/sizing.py). The loss is a zero, so gradients accumulate zeros; sync=False skips FSDP's
     gradient reduction, as every micro-batch of a step but its last does. The caller restores the
     RNG and drops the gradients."""
     device = par.device

@@ -1,4 +1,5 @@
-"""How many tokens a GPU trainer's micro-batch may hold: the arithmetic, kept free of torch.
+"""How many tokens a GPU trainer's micro-batch may hold: the arithmetic, kept free of torch (config:
+placement refuses what cannot fit before anything starts; the trainer sizes itself with the same).
 
 A GPU trainer's micro-batch is whole packed rows (rlfleet/batches.py) totalling at most
 `trainer.micro_batch_tokens`; unset, the trainer measures at its first batch (budget.py `TokenBudget`)
