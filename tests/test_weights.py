@@ -14,7 +14,7 @@ import torch
 
 from rlfleet.store import RunStore
 from rlfleet.trainer.parallel import Parallel
-from rlfleet.weights import tensors
+from rlfleet.weights import tensors, tickets
 from rlfleet.weights.nccl import NcclPublisher, SenderDied, open_group, receive
 from rlfleet.weights.tickets import served_step, trainer_ticket, wait_served, write_served
 from tests.conftest import free_port
@@ -41,15 +41,41 @@ def test_layout_round_trips_across_buckets_and_casts():
         torch.testing.assert_close(got[name].float(), t, atol=1e-2, rtol=1e-2)
 
 
-def test_wait_served_blocks_until_the_controller_acknowledges(tmp_path):
+def test_wait_served_blocks_until_the_controller_acknowledges(tmp_path, monkeypatch):
+    """The waiter sees step 3 acknowledged and keeps waiting; it returns only after step 4's
+    acknowledgement is written, having read it. The order of events says so, not a duration."""
     store = RunStore(str(tmp_path))
     with pytest.raises(TimeoutError, match="vLLM still holds weights None after 0 s; step 0"):
         wait_served(store, 0, timeout_s=0.05)
     write_served(store, 3)
-    threading.Timer(0.2, write_served, (store, 4)).start()
-    t0 = time.monotonic()
-    wait_served(store, 4, timeout_s=5)
-    assert time.monotonic() - t0 >= 0.15 and served_step(store) == 4
+    events: list[tuple] = []
+    saw_older = threading.Event()
+
+    def observed(s: RunStore) -> int | None:  # what the waiter reads, in the order it reads it
+        held = served_step(s)
+        events.append(("read", held))
+        if held == 3:
+            saw_older.set()
+        return held
+
+    monkeypatch.setattr(tickets, "served_step", observed)
+
+    def wait() -> None:
+        wait_served(store, 4, timeout_s=60)  # a safety net: the test writes step 4 long before
+        events.append(("returned",))
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    assert saw_older.wait(60), "the waiter never read the acknowledgement of step 3"
+    assert waiter.is_alive() and ("returned",) not in events  # step 3 does not release it
+    events.append(("wrote", 4))
+    write_served(store, 4)
+    waiter.join(timeout=60)
+    assert not waiter.is_alive()
+    wrote = events.index(("wrote", 4))
+    assert set(events[:wrote]) == {("read", 3)}  # before step 4: only step 3 read, never a return
+    assert events[-2:] == [("read", 4), ("returned",)]  # it returned on reading step 4
+    assert served_step(store) == 4
 
 
 def test_missing_ticket_names_the_step(tmp_path):
@@ -116,28 +142,57 @@ def _silent_sender(port: int) -> None:
     del group
 
 
-def test_receiver_gives_up_on_a_sender_that_exits_mid_broadcast():
+def test_receiver_gives_up_on_a_sender_that_exits_mid_broadcast(monkeypatch):
     """A receiver blocked in the broadcast aborts the group and raises SenderDied once the ticket's
     sender process is gone, instead of waiting out the collective's timeout (60 s here). The
-    ticket names a process that exits after 1.5 s (and stays a zombie until reaped) while the
-    group's rank 0 stays alive and silent, so only rlfleet's check can end the wait."""
+    ticket names a process that exits (and stays a zombie until reaped) only after the receiver
+    has found it alive from inside the broadcast, while the group's rank 0 stays alive and
+    silent, so only rlfleet's check can end the wait: the events come in that order."""
+    from rlfleet.weights import nccl
+
     port = free_port()
     holder = mp.get_context("spawn").Process(target=_silent_sender, args=(port,))
     holder.start()
     named = None
+    events: list[tuple] = []
+    checked_alive = threading.Event()
+
+    def observed(ticket: dict) -> bool:  # the receiver's check of its sender, as it makes it
+        alive = nccl_sender_running(ticket)
+        events.append(("sender running", alive))
+        if alive:
+            checked_alive.set()
+        return alive
+
+    nccl_sender_running = nccl.sender_running
+    monkeypatch.setattr(nccl, "sender_running", observed)
+
+    def end_sender() -> None:  # once the receiver waits in the broadcast, the sender exits
+        if checked_alive.wait(60):
+            events.append(("sender exits",))
+            named.stdin.close()
+
     try:
         cpu = torch.device("cpu")
         group = open_group("127.0.0.1", port, 1, 2, cpu, 60)
-        named = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+        named = subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+        )
         t = {
             "group": {"pid": named.pid, "started": psutil.Process(named.pid).create_time()},
             "dtype": "float32",
             "layout": tensors.make_layout(_state(), torch.float32),
         }
-        t0 = time.monotonic()
+        ender = threading.Thread(target=end_sender)
+        ender.start()
         with pytest.raises(SenderDied, match=f"pid {named.pid}"):
             receive(t, group, cpu)
-        assert 1.0 < time.monotonic() - t0 < 15
+        events.append(("raised",))
+        ender.join(timeout=60)
+        assert holder.is_alive()  # rank 0 never sent nor left: the collective itself had not ended
+        exits = events.index(("sender exits",))
+        assert ("sender running", True) in events[:exits] and ("sender running", False) not in events[:exits]
+        assert events[-2:] == [("sender running", False), ("raised",)]
     finally:
         if named is not None:
             named.kill()
