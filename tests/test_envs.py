@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 
@@ -17,7 +16,7 @@ from rlfleet.orchestrator.envs.repeat import RepeatEnv, reward
 from rlfleet.orchestrator.envs.tools import python_tools, run_tool_calls
 from rlfleet.orchestrator.evaluate import pass_at_k
 from rlfleet.trainer.tiny import build_tokenizer
-from rlfleet.usercode import UserFn
+from rlfleet.usercode import UserFn, load_object
 
 
 def test_repeat_stream_is_a_function_of_seed_and_step():
@@ -62,7 +61,7 @@ def test_split_counts_follow_weights_and_sum_to_total():
 
 
 TASK = '''
-import asyncio, time
+import asyncio, threading
 
 def exact(completion, answer):
     return float(completion.strip() == answer)
@@ -76,8 +75,12 @@ def needs_secret(completion, secret):
 def boom(completion):
     raise ValueError("kaboom")
 
+HANG = {"entered": threading.Event(), "release": threading.Event(), "returned": threading.Event()}
+
 def hang(completion):
-    time.sleep(3600)
+    HANG["entered"].set()
+    HANG["release"].wait(60)  # a safety net: the test releases it once the score has given up
+    HANG["returned"].set()
 
 def add(a: int, b: int) -> int:
     """Add two integers.
@@ -136,15 +139,19 @@ def test_python_env_reads_rows_and_injects_arguments_by_name(task_dir):
 
 
 def test_reward_that_raises_or_hangs_is_contained_and_named(task_dir):
+    """A hanging reward ends the score at its timeout while it still runs: the score raised before
+    the function returned (it returns only when the test releases it)."""
     for fn, expect in (
         ("task.py:boom", "task.py:boom ValueError: kaboom"),
         ("task.py:hang", "task.py:hang timed out"),
     ):
         env = _env(rewards=[fn], reward_timeout_s=0.5)
-        t0 = time.monotonic()
         with pytest.raises(RewardError, match=expect):
             asyncio.run(env.score(_traj(env, "x")))
-        assert time.monotonic() - t0 < 5
+    hang = load_object("task.py:HANG")
+    assert hang["entered"].is_set() and not hang["returned"].is_set()
+    hang["release"].set()
+    assert hang["returned"].wait(60)
 
 
 def test_problems_name_the_field(task_dir):
