@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -56,7 +55,6 @@ def worker(prefect_api, tmp_path_factory):
         start_new_session=True,
         cwd=ROOT,
     )
-    proc.log_path = log_path  # what the worker says about the processes it ran
     yield proc
     kill_group(proc.pid)
     log.close()
@@ -76,6 +74,21 @@ def wait_final(run_id: UUID, timeout_s: float = 600, after: float = 0.0):
             return run
         time.sleep(2)
     raise TimeoutError(f"flow run {run_id} not final after {timeout_s} s: {flow_run(run_id).state}")
+
+
+def worker_executed(run_id: UUID) -> bool:
+    """Whether the worker emitted `prefect.worker.executed-flow-run` for the run: the last thing it
+    does with a flow run's process, after proposing Crashed for a non-zero exit."""
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    query = {
+        "event": {"name": ["prefect.worker.executed-flow-run"]},
+        "related": {"id": [f"prefect.flow-run.{run_id}"]},
+    }
+    resp = httpx.post(f"{PREFECT_API_URL.value()}/events/filter", json={"filter": query})
+    resp.raise_for_status()
+    return bool(resp.json()["events"])
 
 
 def test_deploy_creates_the_deployments(worker):
@@ -117,14 +130,11 @@ def test_deployment_run_fails_then_retry_reruns_only_unfinished_tasks(worker, ti
     # The engine sets Failed; then the worker sees the process's exit code 1 and proposes Crashed,
     # which Prefect's server at times accepts over Failed. A retry sent before that proposal is
     # overwritten by it, so wait until the worker is done with the process (a user's Retry comes
-    # later than that); the retry below treats Failed and Crashed alike.
-    submitted = re.search(r"Created flow run '([^']+)'", text).group(1)
+    # later than that): it emits `prefect.worker.executed-flow-run` after its crash proposal. The
+    # retry below treats Failed and Crashed alike.
     wait_until(
-        lambda: f"Process for flow run '{submitted}' exited" in worker.log_path.read_text(errors="replace"),
-        60,
-        what="the worker to see the first attempt's process exit",
+        lambda: worker_executed(run_id), 120, interval_s=1, what="the worker to finish the first attempt"
     )
-    time.sleep(2)  # its crash proposal follows that line
     first = flow_run(run_id)
     assert not killer.errors, killer.errors
     assert killer.killed_at is not None and (first.state.is_failed() or first.state.is_crashed()), first.state
@@ -190,21 +200,67 @@ def test_ablation_table_and_eval(prefect_api, tiny_model, tmp_path):
     assert RunStore(point).read_json("evals/step_1.json") == record
 
 
-def test_gpu_leases_keep_two_runs_off_the_same_gpu(prefect_api):
-    """Two holders of GPU 7 never overlap; GPU 6 is leased independently."""
+def test_gpu_leases_keep_two_runs_off_the_same_gpu(prefect_api, monkeypatch):
+    """Two holders of GPU 7 never overlap: the second asks while the first holds it, the server
+    refuses it, and it holds GPU 7 only after the first lets go. GPU 6 is leased meanwhile, while
+    GPU 7 is held. Shown by the order of events, each thread holding its lease until the event it
+    waits for has happened (no sleeps)."""
     import contextvars
     import threading
+
+    import httpx
+    from prefect.client.orchestration import PrefectClient
 
     from rlfleet.workers.leases import ensure_gpu_limits, gpu_lease
 
     assert ensure_gpu_limits(["6", "7"]) == ["gpu-6", "gpu-7"]
-    spans: dict[str, tuple[float, float]] = {}
+    log: list[tuple[str, str]] = []  # (what, who): "holds"/"lets go" a thread, "refused" a limit
+    changed = threading.Condition()
+    errors: list[BaseException] = []
+
+    def record(what: str, who: str) -> None:
+        with changed:
+            log.append((what, who))
+            changed.notify_all()
+
+    def until(happened) -> None:
+        with changed:
+            if not changed.wait_for(lambda: happened(log), timeout=60):  # a safety net
+                raise TimeoutError(f"gave up waiting; events: {log}")
+
+    increment = PrefectClient.increment_concurrency_slots_with_lease
+
+    async def observed(self, names, *args, **kwargs):  # the server's answers to the lease requests
+        try:
+            return await increment(self, names, *args, **kwargs)
+        except httpx.HTTPStatusError as e:
+            if e.response.status_code == 423:  # Locked: every slot is held
+                record("refused", ",".join(names))
+            raise
+
+    monkeypatch.setattr(PrefectClient, "increment_concurrency_slots_with_lease", observed)
+
+    def first_holder_may_go(name: str, log: list) -> bool:
+        """GPU 7's first holder lets go once the other asker was refused GPU 7 while it held it, and
+        GPU 6 is held; the second holder at once (and both at once if both hold it: the asserts
+        below say so without waiting out the safety net)."""
+        other = "b" if name == "a" else "a"
+        if ("lets go", other) in log or ("holds", other) in log:
+            return True
+        held = log.index(("holds", name))
+        return ("refused", "gpu-7") in log[held:] and ("holds", "c") in log
 
     def hold(name: str, gpus: list[str]) -> None:
-        with gpu_lease(gpus):
-            start = time.monotonic()
-            time.sleep(1.5)
-            spans[name] = (start, time.monotonic())
+        try:
+            with gpu_lease(gpus):
+                record("holds", name)
+                if name == "c":  # hold GPU 6 until GPU 7 is held too
+                    until(lambda log: ("holds", "a") in log or ("holds", "b") in log)
+                else:
+                    until(lambda log: first_holder_may_go(name, log))
+                record("lets go", name)  # the last thing inside: the slot is freed after it
+        except BaseException as e:  # noqa: BLE001 - the test raises it
+            errors.append(e)
 
     threads = [  # each thread runs in a copy of this context, so it talks to the test's Prefect API
         threading.Thread(target=contextvars.copy_context().run, args=(hold, *a))
@@ -214,6 +270,12 @@ def test_gpu_leases_keep_two_runs_off_the_same_gpu(prefect_api):
         t.start()
     for t in threads:
         t.join(timeout=120)
-    assert set(spans) == {"a", "b", "c"}
-    (a0, a1), (b0, b1) = spans["a"], spans["b"]
-    assert a1 <= b0 or b1 <= a0, "two runs held GPU 7 at once"
+    assert not errors and not any(t.is_alive() for t in threads), (errors, log)
+    seven = [(what, who) for what, who in log if who in ("a", "b")]
+    first, second = seven[0][1], seven[-1][1]
+    assert {first, second} == {"a", "b"}
+    assert seven == [("holds", first), ("lets go", first), ("holds", second), ("lets go", second)], log
+    held, let_go = log.index(("holds", first)), log.index(("lets go", first))
+    assert ("refused", "gpu-7") in log[held:let_go], log  # the second asked meanwhile and waited
+    assert ("refused", "gpu-6") not in log, log  # GPU 6 never waited on GPU 7
+    assert held < log.index(("lets go", "c")) and log.index(("holds", "c")) < let_go, log  # overlapped
