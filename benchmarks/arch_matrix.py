@@ -41,8 +41,7 @@ from tests.archmatrix import (
     row_ok,
     run_arch,
 )
-from tests.conftest import free_port
-from tests.helpers import prompt_logprobs
+from tests.helpers import free_port, prompt_logprobs
 
 
 class Replica:

@@ -37,7 +37,7 @@ from rlfleet.trainer.tiny import make_tiny_model  # noqa: E402
 from rlfleet.weights.client import load  # noqa: E402
 from rlfleet.weights.filesystem import publish_weights  # noqa: E402
 from rlfleet.weights.tickets import newest_weights  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
 from tests.s3server import moto_server  # noqa: E402
 
 

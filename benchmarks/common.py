@@ -16,12 +16,12 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # for tests.conftest.free_port
+sys.path.insert(0, str(ROOT))  # for tests.helpers.free_port
 
 from rlfleet.config.loader import load  # noqa: E402
 from rlfleet.config.models import RLConfig  # noqa: E402
 from rlfleet.trainer.tiny import make_tiny_model  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
 
 
 def tiny_model(tmp: Path, **shape: int) -> Path:

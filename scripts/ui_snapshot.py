@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlfleet.procs import pid_alive  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
 
 CHROMIUM = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"]
 CHROMIUM += ["--disable-background-networking", "--disable-component-update", "--disable-sync"]

@@ -45,7 +45,7 @@ from rlfleet.trainer.train import LM_HEAD_CHUNK, Policy, load_model, make_optimi
 from rlfleet.weights.client import load_rpc
 from rlfleet.weights.controller import make_controller
 from rlfleet.weights.tickets import write_served
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 PROMPT = [1, *range(40, 100)]  # 61 tokens: past Gemma's 32-token sliding window
 TRANSPORTS_CPU = ("filesystem", "nccl")  # nccl runs over gloo on a CPU; cuda_ipc needs a GPU

@@ -8,7 +8,6 @@ flows at it through PREFECT_API_URL — the same path a user with a long-lived s
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,12 +17,7 @@ import httpx
 import pytest
 
 from rlfleet.procs import kill_group
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers import free_port
 
 
 @pytest.fixture(scope="session")

@@ -1,28 +1,215 @@
-"""Probes the tests use and the package does not: a vLLM logprob fingerprint, a dataset's NLL,
-`sbatch --test-only`, the ranks that wrote a DCP checkpoint."""
+"""What the test modules share, and probes the tests use and the package does not.
+
+- ports and configs: `free_port`, `rl_config` (the tiny RL job), `example_config` (the tiny SFT job);
+- a run as Prefect and its store see it: `flow_run`, `wait_final`, `task_runs`, `task_run_names`,
+  `assert_every_step_once`, `assert_no_process_left`; a fault to inject: `KillWhen`;
+- probes: a vLLM logprob fingerprint, a dataset's NLL, `sbatch --test-only`, the ranks that wrote
+  a DCP checkpoint, random trajectories.
+
+Test modules import from here, never from each other. torch, transformers, Prefect and most of
+rlfleet are imported inside the functions that use them: conftest imports this module (`free_port`),
+and a test that needs none of them should not pay for them.
+"""
 
 from __future__ import annotations
 
+import contextvars
+import io
+import os
 import random
+import signal
+import socket
 import subprocess
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+from uuid import UUID
 
-import httpx
-import torch
-from transformers import AutoTokenizer, PreTrainedModel
+from rlfleet.procs import pid_alive
 
-from rlfleet.config.models import SFTConfig
-from rlfleet.net import tls
-from rlfleet.orchestrator.rollout import single_turn
-from rlfleet.trainer.lm_head import token_logprobs
-from rlfleet.trainer.nll import num_targets, sft_loss
-from rlfleet.trainer.sft_data import Example, encode, load_dataset, micro_batches, pad_id
-from rlfleet.trainer.train import load_model
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from rlfleet.config.models import RLConfig, SFTConfig
+    from rlfleet.trainer.sft_data import Example
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "tiny"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rl_config(
+    model: Path, out: Path, max_steps: int, files: tuple[Path, ...] = (), **overrides: str
+) -> RLConfig:
+    from rlfleet.config.loader import load
+    from rlfleet.config.models import RLConfig
+
+    args = [arg for f in files for arg in ("@", str(f))] + [
+        "--model.path",
+        str(model),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        str(max_steps),
+        "--orchestrator.batch-size",
+        "4",
+        "--orchestrator.group-size",
+        "4",
+        "--orchestrator.max-tokens",
+        "8",
+        "--trainer.lr",
+        "1e-2",
+        "--trainer.checkpoint-interval",
+        "1",
+        "--inference.port",
+        str(free_port()),
+        "--inference.max-model-len",
+        "128",
+        "--wandb.mode",
+        "offline",
+        "--tasks.retries",
+        "1",
+    ]
+    for k, v in overrides.items():
+        args += [f"--{k}", v]
+    return load(RLConfig, args)
+
+
+def example_config(tiny_model: Path, out: Path, *extra: str) -> SFTConfig:
+    """The embedded default (examples/tiny/sft.toml) on the session's tiny model."""
+    from rlfleet.config.loader import load
+    from rlfleet.config.models import SFTConfig
+
+    return load(
+        SFTConfig,
+        [
+            "@",
+            str(EXAMPLE / "sft.toml"),
+            "--model.path",
+            str(tiny_model),
+            "--output-dir",
+            str(out),
+            "--data.path",
+            str(EXAMPLE / "sft_repeat.jsonl"),
+            *extra,
+        ],
+    )
+
+
+def flow_run(run_id: UUID):
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(run_id)
+
+
+def wait_final(run_id: UUID, timeout_s: float = 600, after: float = 0.0):
+    """The flow run once it is final (and, with `after`, finished later than that time)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = flow_run(run_id)
+        if run.state.is_final() and (run.end_time is None or run.end_time.timestamp() > after):
+            return run
+        time.sleep(2)
+    raise TimeoutError(f"flow run {run_id} not final after {timeout_s} s: {flow_run(run_id).state}")
+
+
+def task_runs(flow_run_id) -> list:
+    """Every task run of a flow run, oldest first."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return sorted(runs, key=lambda t: t.created)
+
+
+async def task_run_names(flow_run_id) -> set[str]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async with get_client() as client:
+        runs = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    return {r.name for r in runs}
+
+
+def assert_every_step_once(out: Path, max_steps: int) -> None:
+    import torch
+
+    from rlfleet.store import RunStore
+
+    store = RunStore(out)
+    assert store.complete_steps("rollouts") == list(range(max_steps))
+    assert store.complete_steps("batches") == list(range(max_steps))
+    for s in range(max_steps):
+        assert store.manifest(f"rollouts/step_{s}", verify=True)["policy_step"] == s - 1
+        assert (out / f"metrics/step_{s}.json").is_file()
+    final = store.read_bytes(f"checkpoints/step_{max_steps - 1}/optimizer.pt")
+    state = torch.load(io.BytesIO(final), weights_only=True)["state"]
+    assert {int(v["step"]) for v in state.values()} == {max_steps}, "optimizer steps in the final lineage"
+
+
+def assert_no_process_left(out: Path) -> None:
+    for pidfile in (out / "run").glob("*.pid"):
+        assert pid_alive(pidfile) is None, f"{pidfile.name} still running"
+
+
+class KillWhen(threading.Thread):
+    """Once `trigger` exists, SIGKILL the process group a pidfile names; remember when. With
+    `then`, the group is frozen (SIGSTOP) at the trigger and killed once `then()` is true, so
+    it dies after whatever `then` waits for and before it could finish its own work."""
+
+    def __init__(self, trigger: Path, pidfile: Path, then: Callable[[], bool] | None = None):
+        super().__init__(daemon=True)
+        self.trigger, self.pidfile, self.then = trigger, pidfile, then
+        self.killed_at: float | None = None  # wall clock, comparable with file mtimes
+        self.pid: int | None = None
+        self.errors: list[str] = []  # what `then` raised
+        self.context = contextvars.copy_context()  # Prefect's settings (its API URL) live in contextvars
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 600
+        while not self.trigger.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.pid = pid_alive(self.pidfile)
+        if self.pid is None:
+            return
+        try:
+            if self.then is not None:
+                os.killpg(self.pid, signal.SIGSTOP)
+                until = time.monotonic() + 120  # never leave it frozen: the run would hang
+                while not self._then():
+                    if time.monotonic() > until:
+                        self.errors.append("`then` was not true within 120 s")
+                        break
+                    time.sleep(0.05)
+        finally:
+            os.killpg(self.pid, signal.SIGKILL)
+            self.killed_at = time.time()
+
+    def _then(self) -> bool:
+        try:
+            return bool(self.context.run(self.then))
+        except Exception as e:  # noqa: BLE001 - a failed look is a "not yet", remembered for the test
+            self.errors.append(repr(e))
+            return False
 
 
 def prompt_logprobs(url: str, prompt_ids: list[int], timeout_s: float = 60.0) -> list[float]:
     """The server's logprob of each prompt token after the first: a fingerprint of its weights."""
+    import httpx
+
+    from rlfleet.net import tls
+
     resp = httpx.post(
         f"{url}/v1/completions",
         json={
@@ -40,27 +227,39 @@ def prompt_logprobs(url: str, prompt_ids: list[int], timeout_s: float = 60.0) ->
     return [entry[str(tok)]["logprob"] for entry, tok in zip(entries, prompt_ids[1:], strict=True)]
 
 
-@torch.no_grad()
 def evaluate_nll(
     model: PreTrainedModel, examples: list[Example], pad: int, micro_batch_size: int = 32
 ) -> float:
     """Token-mean NLL of `model` on `examples` over their loss tokens (no update)."""
+    import torch
+
+    from rlfleet.trainer.lm_head import token_logprobs
+    from rlfleet.trainer.nll import num_targets, sft_loss
+    from rlfleet.trainer.sft_data import micro_batches
+
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     batches = micro_batches(examples, micro_batch_size, pad)
     n = num_targets(batches)
     total = 0.0
-    for mb in batches:
-        ids = mb["input_ids"].to(device)
-        logits = model(input_ids=ids).logits[:, :-1]
-        total += float(sft_loss(token_logprobs(logits, ids[:, 1:]), mb["loss_mask"][:, 1:].to(device), n))
+    with torch.no_grad():
+        for mb in batches:
+            ids = mb["input_ids"].to(device)
+            logits = model(input_ids=ids).logits[:, :-1]
+            total += float(sft_loss(token_logprobs(logits, ids[:, 1:]), mb["loss_mask"][:, 1:].to(device), n))
     model.train(was_training)
     return total
 
 
 def dataset_nll(model_path: str, cfg: SFTConfig, device: str = "cpu") -> float:
     """NLL of the model at `model_path` on the whole configured dataset (for before/after checks)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rlfleet.trainer.sft_data import encode, load_dataset, pad_id
+    from rlfleet.trainer.train import load_model
+
     tok = AutoTokenizer.from_pretrained(model_path)
     ds = load_dataset(cfg.data)
     examples = [encode(tok, row, ds.format, cfg.data.max_seq_len) for row in ds.rows]
@@ -89,6 +288,8 @@ def random_records(
 ) -> list[dict]:
     """Trajectories of 3-20 tokens over ids 3..127 in groups of 4 (padded micro-batches carry a lot of
     padding); `advantage(rng, i)` gives the i-th its advantage."""
+    from rlfleet.orchestrator.rollout import single_turn
+
     rng = random.Random(seed)
     out = []
     for i in range(n):

@@ -22,7 +22,7 @@ from rlfleet.trainer.tiny import ARCHS, SLIDING_WINDOW, make_tiny_model
 from rlfleet.trainer.train import Policy, load_model
 from tests.arch_fsdp import step
 from tests.archmatrix import TRANSPORTS_CPU, make_arch_model, row_ok, run_arch
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 CPU = torch.device("cpu")
 TOL = 1e-3  # float32 on both sides: vLLM's CPU kernels vs transformers

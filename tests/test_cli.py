@@ -252,7 +252,7 @@ def test_vllm_started_early_stops_what_no_flow_adopted(base, tmp_path):
     from rlfleet.runs.configs import resolve
     from rlfleet.runs.handles import _EARLY, _EARLY_TRAINER, RunHandles, started_early, vllm_started_early
     from rlfleet.store import RunStore
-    from tests.conftest import free_port
+    from tests.helpers import free_port
 
     cfg = load(RLConfig, [*base, "--inference.port", str(free_port())])
     with vllm_started_early(cfg):

@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlfleet.config.loader import load
-from rlfleet.config.models import RLConfig
 from rlfleet.orchestrator.rollout import read_rollout, staleness
 from rlfleet.orchestrator.sampler import Sample, Sampler
 from rlfleet.store import RunStore
@@ -26,53 +24,16 @@ from rlfleet.store.records import (
     read_metrics,
     read_rollout_manifest,
 )
-from tests.conftest import free_port
-from tests.helpers import prompt_logprobs
+from tests.helpers import free_port, prompt_logprobs, rl_config, task_run_names, task_runs
 from tests.wandb_log import history_and_config
 
 pytestmark = pytest.mark.e2e
-
-
-def rl_config(
-    model: Path, out: Path, max_steps: int, files: tuple[Path, ...] = (), **overrides: str
-) -> RLConfig:
-    args = [arg for f in files for arg in ("@", str(f))] + [
-        "--model.path",
-        str(model),
-        "--output-dir",
-        str(out),
-        "--max-steps",
-        str(max_steps),
-        "--orchestrator.batch-size",
-        "4",
-        "--orchestrator.group-size",
-        "4",
-        "--orchestrator.max-tokens",
-        "8",
-        "--trainer.lr",
-        "1e-2",
-        "--trainer.checkpoint-interval",
-        "1",
-        "--inference.port",
-        str(free_port()),
-        "--inference.max-model-len",
-        "128",
-        "--wandb.mode",
-        "offline",
-        "--tasks.retries",
-        "1",
-    ]
-    for k, v in overrides.items():
-        args += [f"--{k}", v]
-    return load(RLConfig, args)
 
 
 def assert_readable_in_prefect(state, out: Path, summary: dict) -> None:
     """Run name, tags and final message tell runs apart; the graph's edges are the step's real
     dependencies; wandb has one key per metric, the Prefect run in its config, no wandb/wandb."""
     from prefect import get_client
-
-    from tests.test_faults import task_runs
 
     run_id = state.state_details.flow_run_id
     with get_client(sync_client=True) as client:
@@ -115,17 +76,6 @@ def assert_readable_in_prefect(state, out: Path, summary: dict) -> None:
     } <= logged
     assert not {"train/mean_reward", "train/step_seconds", "train/max_staleness"} & logged  # no twins
     assert config["prefect_flow_run_id"] == str(run_id) and str(run_id) in config["prefect_flow_run_url"]
-
-
-async def _task_run_names(flow_run_id) -> set[str]:
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    async with get_client() as client:
-        runs = await client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
-        )
-    return {r.name for r in runs}
 
 
 # Non-default algorithm options ride along in the resume test: Dr.GRPO (constant normaliser, mean-only
@@ -175,7 +125,7 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
     assert (out / "logs" / "inference" / "replica_0.log").stat().st_size > 0
     assert not list((out / "run").glob("*.pid")), "child processes left pidfiles behind"
     assert_readable_in_prefect(state, out, summary)
-    first_names = asyncio.run(_task_run_names(state.state_details.flow_run_id))
+    first_names = asyncio.run(task_run_names(state.state_details.flow_run_id))
     assert {
         "launch_inference_pool",
         "rollout-0",
@@ -190,7 +140,7 @@ def test_rl_run_trains_broadcasts_and_resumes(tiny_model, prefect_api, tmp_path)
     resumed = {"orchestrator.max-async-level": "1", **ALGORITHM, **SHAPING}
     state = rl(config=rl_config(tiny_model, out, max_steps=4, **resumed), return_state=True)
     assert state.is_completed(), state
-    names = asyncio.run(_task_run_names(state.state_details.flow_run_id))
+    names = asyncio.run(task_run_names(state.state_details.flow_run_id))
     assert {"rollout-2", "rollout-3", "train-3"} <= names
     assert not {"rollout-0", "rollout-1", "train-0", "train-1"} & names
     for s in (0, 1):

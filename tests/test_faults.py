@@ -8,69 +8,29 @@ Recovery times are printed (`pytest -s`) for the closing notes; they are not ass
 from __future__ import annotations
 
 import contextvars
-import io
 import json
 import logging
-import os
-import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
-import torch
 
 from rlfleet.procs import pid_alive
 from rlfleet.store import RunStore
-from tests.conftest import free_port
-from tests.test_e2e import rl_config
+from tests.helpers import (
+    KillWhen,
+    assert_every_step_once,
+    assert_no_process_left,
+    free_port,
+    rl_config,
+    task_runs,
+)
 
 pytestmark = pytest.mark.e2e
-
-
-class KillWhen(threading.Thread):
-    """Once `trigger` exists, SIGKILL the process group a pidfile names; remember when. With
-    `then`, the group is frozen (SIGSTOP) at the trigger and killed once `then()` is true, so
-    it dies after whatever `then` waits for and before it could finish its own work."""
-
-    def __init__(self, trigger: Path, pidfile: Path, then: Callable[[], bool] | None = None):
-        super().__init__(daemon=True)
-        self.trigger, self.pidfile, self.then = trigger, pidfile, then
-        self.killed_at: float | None = None  # wall clock, comparable with file mtimes
-        self.pid: int | None = None
-        self.errors: list[str] = []  # what `then` raised
-        self.context = contextvars.copy_context()  # Prefect's settings (its API URL) live in contextvars
-
-    def run(self) -> None:
-        deadline = time.monotonic() + 600
-        while not self.trigger.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        self.pid = pid_alive(self.pidfile)
-        if self.pid is None:
-            return
-        try:
-            if self.then is not None:
-                os.killpg(self.pid, signal.SIGSTOP)
-                until = time.monotonic() + 120  # never leave it frozen: the run would hang
-                while not self._then():
-                    if time.monotonic() > until:
-                        self.errors.append("`then` was not true within 120 s")
-                        break
-                    time.sleep(0.05)
-        finally:
-            os.killpg(self.pid, signal.SIGKILL)
-            self.killed_at = time.time()
-
-    def _then(self) -> bool:
-        try:
-            return bool(self.context.run(self.then))
-        except Exception as e:  # noqa: BLE001 - a failed look is a "not yet", remembered for the test
-            self.errors.append(repr(e))
-            return False
 
 
 def run_and_kill(cfg, trigger: Path, pidfile: Path):
@@ -83,33 +43,6 @@ def run_and_kill(cfg, trigger: Path, pidfile: Path):
     assert state.is_completed(), state
     assert killer.killed_at is not None
     return state, killer
-
-
-def task_runs(flow_run_id) -> list:
-    """Every task run of a flow run, oldest first."""
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return sorted(runs, key=lambda t: t.created)
-
-
-def assert_every_step_once(out: Path, max_steps: int) -> None:
-    store = RunStore(out)
-    assert store.complete_steps("rollouts") == list(range(max_steps))
-    assert store.complete_steps("batches") == list(range(max_steps))
-    for s in range(max_steps):
-        assert store.manifest(f"rollouts/step_{s}", verify=True)["policy_step"] == s - 1
-        assert (out / f"metrics/step_{s}.json").is_file()
-    final = store.read_bytes(f"checkpoints/step_{max_steps - 1}/optimizer.pt")
-    state = torch.load(io.BytesIO(final), weights_only=True)["state"]
-    assert {int(v["step"]) for v in state.values()} == {max_steps}, "optimizer steps in the final lineage"
-
-
-def assert_no_process_left(out: Path) -> None:
-    for pidfile in (out / "run").glob("*.pid"):
-        assert pid_alive(pidfile) is None, f"{pidfile.name} still running"
 
 
 class ArtifactWatch(threading.Thread):

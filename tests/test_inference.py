@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from rlfleet.orchestrator.sampler import GENERATE, generate_body
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.e2e
 

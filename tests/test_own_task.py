@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 
 from rlfleet.orchestrator.rollout import read_rollout
 from rlfleet.store import RunStore
-from tests.test_e2e import rl_config
+from tests.helpers import rl_config
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from uuid import UUID
@@ -24,9 +23,16 @@ from rlfleet.config.models import EvalJobConfig
 from rlfleet.procs import kill_group, wait_until
 from rlfleet.store import RunStore
 from rlfleet.workers.deploy import prefect_cli
-from tests.conftest import free_port
-from tests.test_e2e import rl_config
-from tests.test_faults import KillWhen, assert_every_step_once, assert_no_process_left, task_runs
+from tests.helpers import (
+    KillWhen,
+    assert_every_step_once,
+    assert_no_process_left,
+    flow_run,
+    free_port,
+    rl_config,
+    task_runs,
+    wait_final,
+)
 from tests.wandb_log import history_and_config
 
 pytestmark = pytest.mark.e2e
@@ -58,22 +64,6 @@ def worker(prefect_api, tmp_path_factory):
     yield proc
     kill_group(proc.pid)
     log.close()
-
-
-def flow_run(run_id: UUID):
-    with get_client(sync_client=True) as client:
-        return client.read_flow_run(run_id)
-
-
-def wait_final(run_id: UUID, timeout_s: float = 600, after: float = 0.0):
-    """The flow run once it is final (and, with `after`, finished later than that time)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        run = flow_run(run_id)
-        if run.state.is_final() and (run.end_time is None or run.end_time.timestamp() > after):
-            return run
-        time.sleep(2)
-    raise TimeoutError(f"flow run {run_id} not final after {timeout_s} s: {flow_run(run_id).state}")
 
 
 def worker_executed(run_id: UUID) -> bool:

@@ -302,7 +302,7 @@ def test_rl_run_on_s3_completes_resumes_and_leaks_no_secret(
     from prefect.settings import PREFECT_HOME
 
     from rlfleet.flows.rl import rl
-    from tests.test_e2e import _task_run_names, rl_config
+    from tests.helpers import rl_config, task_run_names
 
     url = f"s3://{s3_env}/run"
     store = RunStore(url)
@@ -332,7 +332,7 @@ def test_rl_run_on_s3_completes_resumes_and_leaks_no_secret(
 
     second = rl(config=rl_config(tiny_model, url, max_steps=4, **retention), return_state=True)
     assert second.is_completed(), second
-    names = asyncio.run(_task_run_names(second.state_details.flow_run_id))
+    names = asyncio.run(task_run_names(second.state_details.flow_run_id))
     assert {"rollout-2", "rollout-3", "train-3"} <= names
     assert not {"rollout-0", "rollout-1", "train-0", "train-1"} & names
     for s in (0, 1):

@@ -25,7 +25,7 @@ from fastapi.responses import Response, StreamingResponse
 from rlfleet.errors import TransientError
 from rlfleet.inference.server import probe
 from rlfleet.orchestrator.sampler import FixedReplicas, Sampler
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 
 class Server:

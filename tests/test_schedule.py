@@ -140,7 +140,7 @@ def test_sft_follows_the_schedule_and_resumes_it(tiny_model, tmp_path, monkeypat
     """SFT shares the optimizer and the schedule: a run killed after checkpoint 2 and resumed logs
     the lrs of an uninterrupted one, each lr x lr_factor(step)."""
     from rlfleet.trainer import sft as engine
-    from tests.test_sft import example_config
+    from tests.helpers import example_config
 
     args = [
         "--max-steps",

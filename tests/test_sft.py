@@ -16,10 +16,7 @@ from rlfleet.config.models import SFTConfig
 from rlfleet.store import RunStore
 from rlfleet.trainer.sft import run_sft
 from rlfleet.trainer.sft_data import DataError, encode, encode_chat, load_dataset, step_rows
-from tests.helpers import dataset_nll, dcp_ranks
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "tiny"
+from tests.helpers import EXAMPLE, dataset_nll, dcp_ranks, example_config
 
 
 @pytest.fixture(autouse=True)
@@ -30,24 +27,6 @@ def _restore_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
-
-
-def example_config(tiny_model: Path, out: Path, *extra: str) -> SFTConfig:
-    """The embedded default (examples/tiny/sft.toml) on the session's tiny model."""
-    return load(
-        SFTConfig,
-        [
-            "@",
-            str(EXAMPLE / "sft.toml"),
-            "--model.path",
-            str(tiny_model),
-            "--output-dir",
-            str(out),
-            "--data.path",
-            str(EXAMPLE / "sft_repeat.jsonl"),
-            *extra,
-        ],
-    )
 
 
 def chat_rows(n: int) -> list[dict]:

@@ -218,7 +218,7 @@ def test_multi_node_rl_job_places_inference_trainer_and_one_controller(
     slurm, prefect_api, tiny_model, tmp_path, capsys
 ):
     """n1 serves vLLM; n2 runs the torchrun trainer (rendezvous on itself) and the controller."""
-    from tests.conftest import free_port
+    from tests.helpers import free_port
 
     out = tmp_path / "mn"
     args = ["rl", "--model.path", str(tiny_model), "--output-dir", str(out), "--max-steps", "2"]

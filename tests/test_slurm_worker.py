@@ -107,7 +107,7 @@ def _run_deployment(name: str, config: dict, *job_variables: str) -> UUID:
 
 
 def _wait_running(run_id: UUID, timeout_s: float = 300):
-    from tests.test_prefect import flow_run
+    from tests.helpers import flow_run
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -142,8 +142,7 @@ def test_worker_creates_a_slurm_pool(slurm_worker):
 
 @pytest.mark.e2e
 def test_worker_runs_rl_main_as_a_slurm_job(slurm, slurm_worker, tiny_model, tmp_path):
-    from tests.test_e2e import rl_config
-    from tests.test_prefect import wait_final
+    from tests.helpers import rl_config, wait_final
 
     out = tmp_path / "rl"
     run_id = _run_deployment("rl/main", rl_config(tiny_model, out, 2).model_dump(mode="json"))
@@ -157,7 +156,7 @@ def test_worker_runs_rl_main_as_a_slurm_job(slurm, slurm_worker, tiny_model, tmp
 
 
 def test_cancelling_the_flow_run_scancels_its_job(slurm, slurm_worker, tiny_model, tmp_path):
-    from tests.test_prefect import wait_final
+    from tests.helpers import wait_final
 
     run_id = _run_deployment("sft/main", _sft_params(tiny_model, tmp_path / "c"))
     job = _wait_running(run_id).infrastructure_pid
@@ -173,7 +172,7 @@ def test_cancelling_the_flow_run_scancels_its_job(slurm, slurm_worker, tiny_mode
 def test_a_job_killed_by_scancel_crashes_its_flow_run_with_the_reason(
     slurm, slurm_worker, tiny_model, tmp_path
 ):
-    from tests.test_prefect import wait_final
+    from tests.helpers import wait_final
 
     run_id = _run_deployment("sft/main", _sft_params(tiny_model, tmp_path / "k"))
     job = _wait_running(run_id).infrastructure_pid
@@ -189,7 +188,7 @@ def test_a_failed_job_crashes_its_flow_run_with_state_and_exit_code(
     slurm, slurm_worker, tiny_model, tmp_path
 ):
     """A job whose command exits 3 before the flow starts: SLURM FAILED -> Crashed, with the reason."""
-    from tests.test_prefect import wait_final
+    from tests.helpers import wait_final
 
     run_id = _run_deployment("sft/main", _sft_params(tiny_model, tmp_path / "f"), "command=bash -c 'exit 3'")
     run = wait_final(run_id, timeout_s=180)

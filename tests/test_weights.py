@@ -17,7 +17,7 @@ from rlfleet.trainer.parallel import Parallel
 from rlfleet.weights import tensors, tickets
 from rlfleet.weights.nccl import NcclPublisher, SenderDied, open_group, receive
 from rlfleet.weights.tickets import served_step, trainer_ticket, wait_served, write_served
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 
 def _state() -> dict[str, torch.Tensor]:
