@@ -15,7 +15,6 @@ import asyncio
 import json
 import threading
 import time
-from collections import Counter
 
 import pytest
 import uvicorn
@@ -125,26 +124,41 @@ def _run(replicas, prompts, n=2, max_tokens=4, stall_timeout_s=30.0):
 
 
 def test_work_goes_to_the_replica_with_fewest_requests_in_flight(servers):
-    fast, slow = servers(delay_s=0.001), servers(delay_s=0.05)
-    results = []
+    """Each request goes to the replica with the fewest in flight when it is sent (the first listed
+    on a tie): requests held open at token 0 (gates) make the counts known, so the order of
+    replicas is exact, not inferred from one replica being slower."""
+    gate_a, gate_b = threading.Event(), threading.Event()
+    a, b = servers(gates={0: gate_a}), servers(gates={0: gate_b})
 
-    async def main():  # a steady stream of requests, each sent when the previous one is done
-        sampler = Sampler(FixedReplicas([fast.url, slow.url]), 1.0, 30.0)
+    async def main():
+        sampler = Sampler(FixedReplicas([a.url, b.url]), 1.0, 30.0)
+
+        async def send(i: int):  # request i, once a replica has it
+            task = asyncio.create_task(sampler.sample([1, i], 1, 4))
+            deadline = time.monotonic() + 30  # a safety net: the request arrives at once
+            while len(a.bodies) + len(b.bodies) <= i and not task.done():
+                assert time.monotonic() < deadline, f"request {i} reached no replica"
+                await asyncio.sleep(0.01)
+            return task
+
         try:
-
-            async def worker(k):
-                for i in range(10):
-                    results.append(await sampler.sample([1, k, i], 1, 4))
-
-            await asyncio.gather(*(worker(k) for k in range(4)))
+            first = await send(0)  # none in flight: the first listed, a
+            second = await send(1)  # a holds one: b
+            third = await send(2)  # one each: a
+            gate_b.set()
+            done = await second  # b has none in flight again, a two
+            fourth = await send(3)  # b
+            gate_a.set()
+            return [await first, done, await third, await fourth]
         finally:
+            gate_a.set()
+            gate_b.set()
             await sampler.aclose()
 
-    asyncio.run(main())
-    by = Counter(r[0].replica for r in results)
-    assert by[fast.url] + by[slow.url] == 40
-    assert by[slow.url] >= 1, "the slow replica still takes work"
-    assert by[fast.url] >= 3 * by[slow.url], f"the faster replica should take most requests, got {dict(by)}"
+    results = asyncio.run(main())
+    assert [r[0].replica for r in results] == [a.url, b.url, a.url, b.url]
+    assert [body["token_ids"] for body in a.bodies] == [[1, 0], [1, 2]]
+    assert [body["token_ids"] for body in b.bodies] == [[1, 1], [1, 3]]
 
 
 def test_a_long_request_that_keeps_streaming_never_times_out(servers):
