@@ -11,7 +11,7 @@ import pytest
 from rlfleet.inference.pool import InferencePool
 from rlfleet.inference.server import probe
 from rlfleet.procs import wait_until
-from tests.test_e2e import rl_config
+from tests.helpers import rl_config
 
 pytestmark = pytest.mark.e2e
 
