@@ -74,7 +74,7 @@ def publish_batches(
                         "completion": "",
                     }
                 )
-        publish_rollout(store, step, {0: records}, {"policy_step": step - 1})
+        publish_rollout(store, step, records, {"policy_step": step - 1})
         build_batches(store, step, micro_batch_size=64, pad_id=0)
 
 

@@ -10,7 +10,14 @@ from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
 from rlfleet.errors import DeterministicError
 from rlfleet.orchestrator.batch import build_batches
-from rlfleet.orchestrator.rollout import publish_rollout, rollout_stats, single_turn, staleness, usable
+from rlfleet.orchestrator.rollout import (
+    Rollout,
+    publish_rollout,
+    rollout_stats,
+    single_turn,
+    staleness,
+    usable,
+)
 from rlfleet.store import RunStore, step_dir
 
 
@@ -50,7 +57,7 @@ def _records(policy_steps):
 
 def test_batch_records_staleness_and_refuses_beyond_k(tmp_path):
     store = RunStore(tmp_path / "run")
-    publish_rollout(store, 4, {0: _records([3, 3, 2, 2])}, {"policy_step": 2})
+    publish_rollout(store, 4, _records([3, 3, 2, 2]), {"policy_step": 2})
     with pytest.raises(DeterministicError, match="staleness 0..1 outside 0..0"):
         build_batches(store, 4, 8, 0, max_staleness=0)
     manifest = build_batches(store, 4, 8, 0, max_staleness=1)
@@ -75,7 +82,7 @@ class _Taken:
         self.asked.append(step)
         records = _records([2, 2])
         meta = {"step": step, "policy_step": 2, **rollout_stats(records)}
-        return publish_rollout(self.store, step, {0: records}, meta)
+        return Rollout(publish_rollout(self.store, step, records, meta), records)
 
 
 @pytest.mark.parametrize("k", [0, 1])
@@ -86,7 +93,7 @@ def test_rollout_task_reuses_a_published_rollout_only_within_k(tmp_path, tiny_mo
     cfg = _cfg(tmp_path, k)
     cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(tiny_model)})})
     store = RunStore(cfg.output_dir)
-    publish_rollout(store, 3, {0: _records([1, 1])}, {"step": 3, "policy_step": 1})  # staleness 1
+    publish_rollout(store, 3, _records([1, 1]), {"step": 3, "policy_step": 1})  # staleness 1
     build_batches(store, 3, 8, 0)
     run = RunHandles.for_run(cfg, [], [])  # starts nothing
     run.stream = stream = _Taken(store)

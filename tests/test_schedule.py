@@ -70,7 +70,7 @@ def _publish(store: RunStore, steps: int) -> None:
                     {"group": g, "prompt_uid": f"{step}-{g}", **single_turn(prompt, completion, lps),
                      "reward": rng.random(), "policy_step": step - 1, "completion": ""}
                 )  # fmt: skip
-        publish_rollout(store, step, {0: records}, {"policy_step": step - 1})
+        publish_rollout(store, step, records, {"policy_step": step - 1})
         build_batches(store, step, 6, 0, advantage=AdvantageConfig(type="rloo"), max_tokens=6)
 
 

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from rlfleet.config.rollouts import OrchestratorConfig
+from rlfleet.orchestrator.buffer import Group
 from rlfleet.orchestrator.rollout import read_rollout, single_turn
 from rlfleet.orchestrator.shaping import cut, overlong_penalty, sampled_len
-from rlfleet.orchestrator.stream import Group, RolloutStream
+from rlfleet.orchestrator.stream import RolloutStream
 from rlfleet.store import RunStore, layout
 
 
@@ -83,9 +84,9 @@ def test_max_off_policy_steps_keeps_a_group_that_spanned_more_loads_than_k(tmp_p
     buffer(store, "long", [(0, 2), (2, 2)], 1.0)
     buffer(store, "fresh", [(2, 2), (2, 2)], 2.0)
     s = stream(store, next_step=3, k=1, m=m)
-    manifest = s.take(3)
+    manifest = s.take(3).manifest
     assert manifest["group_uids"] == (["long"] if taken else ["fresh"])
-    assert s.counts.dropped_stale == (0 if taken else 1)
+    assert s.buffer.counts.dropped_stale == (0 if taken else 1)
     assert manifest["policy_step"] == (0 if taken else 2)
 
 
@@ -109,12 +110,12 @@ def test_a_restarted_controller_keeps_the_buffered_groups_within_bound_and_takes
     s = stream(store, next_step=2, k=1)
     assert buffered(store) == {"1-stale", "1-fresh", "2-late"}  # the taken one and the recomputed one go
 
-    manifest = s.take(2)
+    manifest = s.take(2).manifest
     assert manifest["group_uids"] == ["1-fresh"]  # the first to finish among those that fit
     assert manifest["policy_steps"] == [0, 1]  # both versions of the group that spanned a load
-    assert manifest["num_samples"] == 2 and s.counts.dropped_stale == 1
+    assert manifest["num_samples"] == 2 and s.buffer.counts.dropped_stale == 1
     assert buffered(store) == {"2-late"}
-    assert s.take(3)["group_uids"] == ["2-late"]  # reused by the next step as well
+    assert s.take(3).manifest["group_uids"] == ["2-late"]  # reused by the next step as well
     assert buffered(store) == set()
 
 
@@ -129,7 +130,7 @@ def test_each_env_gets_its_share_of_a_step(tmp_path):
         g = Group(f"0-{env}-{i}", env, [record(0) | {"env": env}, record(0) | {"env": env}], float(i))
         store.write_json(layout.buffered_group(g.uid), asdict(g))
     s = RolloutStream(cfg, store, "unused", None, lambda: 0, 0, 64, 1)
-    assert s.take(1)["group_uids"] == ["0-a-0", "0-b-1", "0-a-3"]
+    assert s.take(1).manifest["group_uids"] == ["0-a-0", "0-b-1", "0-a-3"]
     assert buffered(store) == {"0-b-2", "0-a-4"}
 
 
@@ -211,7 +212,7 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_each_env_with_its_own_pr
     envs = [{"type": "repeat", "name": "a", "weight": 2}, {"type": "repeat", "name": "b", "weight": 1}]
     shaping = {"dynamic_sampling": True, "max_refill": 8}
     with running(store, fake, batch_size=3, group_size=2, env=envs, shaping=shaping) as s:
-        manifest = s.take(0)
+        manifest = s.take(0).manifest
         # a's flat group was replaced by a's next prompt (from chunk 1); b's own share was not touched
         assert fake.started == ["a/train-0-0", "a/train-0-1", "b/train-0-0", "a/train-1-0"]
         assert sorted(manifest["group_uids"]) == ["0-a-1", "0-b-0", "1-a-0"]
@@ -220,7 +221,7 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_each_env_with_its_own_pr
         assert buffered(store) == set()  # the held group is too stale for step 1 (k = 0): gone
         fake.version = 0  # weights 0 served: step 1's groups start, b's from the queued chunk 1
         s.notify()
-        manifest = s.take(1)
+        manifest = s.take(1).manifest
     assert fake.started[4:] == ["a/train-1-1", "a/train-2-0", "b/train-1-0", "b/train-2-0"]
     assert sorted(manifest["group_uids"]) == ["1-a-1", "2-a-0", "2-b-0"]  # b's flat 1-b-0 was replaced
     assert manifest["shaping"]["dropped_zero_variance"] == 1 and manifest["shaping"]["refilled"] == 1
@@ -234,7 +235,7 @@ def test_a_step_is_filled_with_flat_groups_once_its_refills_are_spent(tmp_path, 
     fake = FakeSampling(monkeypatch, lambda env, uid, i: (0.0, 4, "stop"))  # nothing is ever learned
     shaping = {"dynamic_sampling": True, "max_refill": 2}
     with running(store, fake, batch_size=2, group_size=2, shaping=shaping) as s:
-        manifest = s.take(0)
+        manifest = s.take(0).manifest
     assert len(fake.started) == 4  # batch_size + max_refill, then the step took what it had
     assert manifest["group_uids"] == ["0-repeat-0", "0-repeat-1"]  # the oldest held ones
     assert manifest["shaping"] == {"dropped_zero_variance": 4, "refilled": 2, "zero_variance_groups": 2}
@@ -251,9 +252,9 @@ def test_a_restarted_controller_holds_flat_groups_again(tmp_path):
     shaping = {"dynamic_sampling": True, "max_refill": 0}
     cfg = OrchestratorConfig(batch_size=1, group_size=2, max_async_level=1, shaping=shaping)
     s = RolloutStream(cfg, store, "unused", None, lambda: 0, 0, 64, 1)
-    assert s.take(1)["group_uids"] == ["0-fine"]  # the older flat one was held, not buffered
+    assert s.take(1).manifest["group_uids"] == ["0-fine"]  # the older flat one was held, not buffered
     assert buffered(store) == {"0-flat"}  # still within k = 1 of step 2
-    manifest = s.take(2)  # max_refill 0: held groups fill a step at once
+    manifest = s.take(2).manifest  # max_refill 0: held groups fill a step at once
     assert manifest["group_uids"] == ["0-flat"] and manifest["shaping"]["zero_variance_groups"] == 1
 
 
@@ -262,7 +263,7 @@ def test_shaping_is_off_by_default(tmp_path, monkeypatch):
     store = RunStore(tmp_path)
     fake = FakeSampling(monkeypatch, lambda env, uid, i: (0.0, 16, "length"))
     with running(store, fake, batch_size=2, group_size=2) as s:
-        manifest = s.take(0)
+        manifest = s.take(0).manifest
     assert manifest["group_uids"] == ["0-repeat-0", "0-repeat-1"] and len(fake.started) == 2
     assert "shaping" not in manifest and manifest["stream"]["dropped_zero_variance"] == 0
     records = read_rollout(store, 0)
@@ -294,7 +295,7 @@ def test_overlong_mask_zeroes_the_loss_mask_of_cut_samples_only(tmp_path, monkey
         monkeypatch, lambda env, uid, i: (float(i), 16 if i < 2 else 5 + i, "length" if i < 2 else "stop")
     )
     with running(store, fake, batch_size=1, group_size=4, shaping={"overlong": "mask"}) as s:
-        manifest = s.take(0)
+        manifest = s.take(0).manifest
     records = read_rollout(store, 0)
     assert [sum(r["loss_mask"]) for r in records] == [0, 0, 7, 8]
     assert [r["overlong"] for r in records] == [True, True, False, False]
@@ -316,7 +317,7 @@ def test_soft_overlong_shapes_rewards_before_dynamic_sampling_judges_the_group(t
 
     shaping = {"dynamic_sampling": True, "overlong": "soft", "overlong_buffer": 4}
     with running(store, FakeSampling(monkeypatch, script), batch_size=2, group_size=4, shaping=shaping) as s:
-        manifest = s.take(0)
+        manifest = s.take(0).manifest
     assert sorted(manifest["group_uids"]) == ["0-repeat-1", "1-repeat-0"]
     records = read_rollout(store, 0)
     assert [r["reward"] for r in records] == [1.0, 0.5, 0.0, 1.0] * 2
@@ -354,7 +355,7 @@ def test_a_dead_sampling_thread_fails_one_take_and_the_retry_samples_again(tmp_p
     with running(RunStore(tmp_path), fake, batch_size=2, group_size=2) as s:
         with pytest.raises(ImportError, match="AutoTokenizer"):
             s.take(0)
-        manifest = s.take(0)
+        manifest = s.take(0).manifest
     assert len(manifest["group_uids"]) == 2 and manifest["stream"]["finished"] == 2
 
 
@@ -390,13 +391,13 @@ def test_a_group_in_flight_that_no_step_left_can_take_is_aborted(tmp_path, monke
         s.notify()
         s.take(2)
         assert aborted.wait(10)
-    assert s.counts.aborted_stale == 1 and s.counts.dropped_stale == 0
+    assert s.buffer.counts.aborted_stale == 1 and s.buffer.counts.dropped_stale == 0
 
 
 @THREADED
 def test_a_group_aborted_while_its_file_is_written_leaves_nothing_counted_in_flight(tmp_path, monkeypatch):
     """The abort can land after sampling, while the group's file is written (a thread): the group
-    still leaves `_in_flight`, or the stream would count it as sampling forever."""
+    still leaves the in-flight count, or the stream would count it as sampling forever."""
     import threading
 
     from rlfleet.orchestrator import stream as module
@@ -407,7 +408,7 @@ def test_a_group_aborted_while_its_file_is_written_leaves_nothing_counted_in_fli
 
     def watched(self: RolloutStream, tasks: dict) -> None:
         abort(self, tasks)
-        if self.counts.aborted_stale:
+        if self.buffer.counts.aborted_stale:
             aborted.set()
 
     monkeypatch.setattr(module.RolloutStream, "_abort_hopeless", watched)
@@ -427,5 +428,5 @@ def test_a_group_aborted_while_its_file_is_written_leaves_nothing_counted_in_fli
         s.notify()
         s.take(2)
         assert aborted.wait(10)  # cancelled while its write still blocks
-    assert s.counts.aborted_stale == 1
-    assert sum(s._in_flight.values()) == 0  # every group in flight at the stop was cancelled
+    assert s.buffer.counts.aborted_stale == 1
+    assert sum(s.buffer.in_flight.values()) == 0  # every group in flight at the stop was cancelled

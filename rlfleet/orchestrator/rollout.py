@@ -8,7 +8,7 @@ import statistics
 import threading
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rlfleet.orchestrator.envs import Trajectory
 from rlfleet.store import RunStore, layout
@@ -118,18 +118,30 @@ def rollout_stats(records: list[TrajectoryRecord]) -> RolloutStats:
     }
 
 
+class Rollout(NamedTuple):
+    """A published `rollouts/step_N`: its manifest, and the records it holds (still in memory)."""
+
+    manifest: RolloutManifest
+    records: list[TrajectoryRecord]
+
+
 def publish_rollout(
-    store: RunStore, step: int, shards: dict[int, list[TrajectoryRecord]], meta: dict[str, Any]
+    store: RunStore, step: int, records: list[TrajectoryRecord], meta: dict[str, Any]
 ) -> RolloutManifest:
-    """Publish `rollouts/step_N`: one JSONL file of sample records per replica, manifest with `meta`."""
+    """Publish `rollouts/step_N`: the sample records as one JSONL file, the manifest with `meta`.
+
+    One file: the stream takes a step's groups from every replica at once. It keeps the name of
+    the per-replica shards it replaced (`replica_0.jsonl`), so runs written before read the same.
+    """
     rel = layout.step_dir(layout.ROLLOUTS, step)
     stage = store.staging_dir(rel)
-    for replica, records in shards.items():
-        (stage / layout.rollout_shard(replica)).write_text("".join(json.dumps(r) + "\n" for r in records))
+    (stage / layout.rollout_shard(0)).write_text("".join(json.dumps(r) + "\n" for r in records))
     return store.publish_dir(stage, rel, meta)
 
 
 def read_rollout(store: RunStore, step: int) -> list[TrajectoryRecord]:
+    """The records of a published `rollouts/step_N`, checksums verified: read back only when a
+    rollout published earlier is reused (a retry, a resume) and tests."""
     rel = layout.step_dir(layout.ROLLOUTS, step)
     manifest = store.manifest(rel, verify=True)
     if manifest is None:

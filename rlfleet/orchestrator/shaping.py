@@ -3,7 +3,7 @@
 The rollout stream applies them where a group finishes, before the group is buffered, so the
 buffered and published records carry the reward and loss mask that train, and dynamic sampling
 judges a group by the reward its advantages come from: a soft punishment that tells a group's
-samples apart gives it signal. The stream (orchestrator/stream.py) owns the refill bookkeeping.
+samples apart gives it signal. The stream's books (orchestrator/buffer.py) own the refill bookkeeping.
 """
 
 from __future__ import annotations

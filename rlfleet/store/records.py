@@ -72,7 +72,7 @@ class RolloutManifest(Manifest, RolloutStats):
     sample_seconds: float  # how long the step waited for its groups
     group_uids: list[str]
     buffered_groups: int
-    stream: dict[str, int]  # the stream's lifetime counts (stream.py:Counts)
+    stream: dict[str, int]  # the stream's lifetime counts (orchestrator/buffer.py:Counts)
     taken_at: float
     shaping: NotRequired[dict[str, float]]
 

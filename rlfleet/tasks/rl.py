@@ -114,7 +114,7 @@ def rollout(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
         store.remove(layout.step_dir(layout.BATCHES, step))
         store.remove(layout.step_dir(layout.ROLLOUTS, step))
     assert run.stream is not None, "the flow starts the rollout stream before the first rollout"
-    out = brief(run.stream.take(step))
+    out = brief(run.stream.take(step).manifest)
     if out["reward_errors"]:  # contained user code, but the user must see it in the run's log
         get_run_logger().warning(
             "rollout %d: %d of %d samples failed to score and got reward 0; first: %s",
