@@ -23,8 +23,9 @@ import torch
 from transformers import LlamaForCausalLM
 
 from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
-from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import publish_rollout, single_turn
+from rlfleet.orchestrator.step_batches import BatchSpec
+from rlfleet.orchestrator.step_batches import publish_batches as publish_step_batches
 from rlfleet.store import RunStore
 from rlfleet.store.records import read_metrics
 from rlfleet.trainer.rl import run_trainer
@@ -75,7 +76,7 @@ def publish_batches(
                     }
                 )
         publish_rollout(store, step, records, {"policy_step": step - 1})
-        build_batches(store, step, micro_batch_size=64, pad_id=0)
+        publish_step_batches(store, step, records, BatchSpec(micro_batch_size=64))
 
 
 def bench(size: str, device: str, steps: int, prompts: int, group: int, tokens: int) -> dict:

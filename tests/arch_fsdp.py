@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from rlfleet.batches import micro_batches
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import TrainerConfig
+from rlfleet.microbatches import micro_batches
 from rlfleet.orchestrator.rollout import single_turn
 from rlfleet.trainer.hf_export import sent_state
 from rlfleet.trainer.losses.objective import PolicyLoss

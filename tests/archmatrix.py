@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from rlfleet.batches import micro_batches
 from rlfleet.config.lora import LoraConfig
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import InferenceJobConfig, ModelConfig, TrainerConfig
+from rlfleet.microbatches import micro_batches
 from rlfleet.orchestrator.rollout import single_turn
 from rlfleet.store import RunStore
 from rlfleet.trainer.lora import wrap

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from rlfleet.config.loader import to_toml
 from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
-from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import publish_rollout, single_turn
+from rlfleet.orchestrator.step_batches import BatchSpec, publish_batches
 from rlfleet.store import RunStore
 from rlfleet.trainer.launch import torchrun_cmd
 from rlfleet.trainer.rl import run_trainer
@@ -40,7 +40,7 @@ def publish_steps(store: RunStore, steps: int) -> None:
                     }
                 )
         publish_rollout(store, step, records, {"policy_step": step - 1})
-        build_batches(store, step, micro_batch_size=8, pad_id=0)
+        publish_batches(store, step, records, BatchSpec(micro_batch_size=8))
 
 
 def run_job(out: Path, model: Path, max_steps: int, nproc: int | None, gpus: str = "") -> None:

@@ -9,7 +9,6 @@ from rlfleet.config.deployment import DeploymentConfig
 from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
 from rlfleet.errors import DeterministicError
-from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import (
     Rollout,
     publish_rollout,
@@ -18,6 +17,7 @@ from rlfleet.orchestrator.rollout import (
     staleness,
     usable,
 )
+from rlfleet.orchestrator.step_batches import BatchSpec, publish_batches
 from rlfleet.store import RunStore, step_dir
 
 
@@ -57,10 +57,10 @@ def _records(policy_steps):
 
 def test_batch_records_staleness_and_refuses_beyond_k(tmp_path):
     store = RunStore(tmp_path / "run")
-    publish_rollout(store, 4, _records([3, 3, 2, 2]), {"policy_step": 2})
+    records = _records([3, 3, 2, 2])
     with pytest.raises(DeterministicError, match="staleness 0..1 outside 0..0"):
-        build_batches(store, 4, 8, 0, max_staleness=0)
-    manifest = build_batches(store, 4, 8, 0, max_staleness=1)
+        publish_batches(store, 4, records, BatchSpec(8, max_staleness=0))
+    manifest = publish_batches(store, 4, records, BatchSpec(8, max_staleness=1))
     assert manifest["policy_steps"] == [2, 3] and manifest["max_staleness"] == 1
 
 
@@ -85,6 +85,27 @@ class _Taken:
         return Rollout(publish_rollout(self.store, step, records, meta), records)
 
 
+def test_a_taken_rollout_is_batched_from_memory_and_read_back_only_when_reused(tmp_path, monkeypatch):
+    from rlfleet.orchestrator import step_batches as module
+
+    store, read = RunStore(tmp_path), []
+    real = module.read_rollout
+    monkeypatch.setattr(module, "read_rollout", lambda store, step: read.append(step) or real(store, step))
+    stream, spec = _Taken(store), BatchSpec(8, max_staleness=1)
+    batches_then = []  # whether batches/step_3 existed when the pool was asked to free the GPU
+
+    def free_gpu() -> float:
+        batches_then.append(store.manifest(step_dir("batches", 3)) is not None)
+        return 0.0
+
+    taken = module.step_batches(stream, 3, spec, free_gpu)
+    assert not taken.reused and stream.asked == [3] and read == []
+    store.remove(step_dir("batches", 3))  # an attempt that stopped before its batches; a retry
+    again = module.step_batches(stream, 3, spec, free_gpu)
+    assert again.reused and stream.asked == [3] and read == [3]
+    assert again.batches["policy_steps"] == [2] and batches_then == [False, False]
+
+
 @pytest.mark.parametrize("k", [0, 1])
 def test_rollout_task_reuses_a_published_rollout_only_within_k(tmp_path, tiny_model, k):
     from rlfleet.runs.handles import RunHandles
@@ -94,7 +115,7 @@ def test_rollout_task_reuses_a_published_rollout_only_within_k(tmp_path, tiny_mo
     cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(tiny_model)})})
     store = RunStore(cfg.output_dir)
     publish_rollout(store, 3, _records([1, 1]), {"step": 3, "policy_step": 1})  # staleness 1
-    build_batches(store, 3, 8, 0)
+    publish_batches(store, 3, _records([1, 1]), BatchSpec(8, max_staleness=1))
     run = RunHandles.for_run(cfg, [], [])  # starts nothing
     run.stream = stream = _Taken(store)
     out = rollout.fn(cfg, 3, run)

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from rlfleet.batches import micro_batches
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import TrainerConfig
+from rlfleet.microbatches import micro_batches
 from rlfleet.trainer.lm_head import chunked_logprobs, logprobs_and_entropy
 from rlfleet.trainer.losses import PolicyLoss, StepNorm, micro_batch_loss, policy_fn
 from rlfleet.trainer.train import Policy, accumulate, load_model, make_optimizer, optimizer_step, train_step

@@ -87,7 +87,7 @@ def test_reinforce_pp_advantages_by_hand():
 
 
 def test_batches_carry_the_configured_advantages():
-    from rlfleet.orchestrator.batch import with_advantages
+    from rlfleet.orchestrator.step_batches import with_advantages
 
     recs = [{"group": g, "reward": r} for g, r in [(1, 0.0), (0, 1.0), (0, 0.0), (1, 2.0)]]
     out = with_advantages(recs, AdvantageConfig(type="rloo"))

@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from rlfleet.batches import first_fit, packed_micro_batches, padded
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import RLConfig, TrainerConfig
+from rlfleet.microbatches import first_fit, packed_micro_batches, padded
 from rlfleet.orchestrator.rollout import single_turn
 from rlfleet.trainer.losses import PolicyLoss
 from rlfleet.trainer.train import Policy, load_model, make_optimizer, train_step

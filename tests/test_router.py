@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from rlfleet.batches import micro_batches
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import TrainerConfig
+from rlfleet.microbatches import micro_batches
 from rlfleet.trainer.losses import PolicyLoss
 from rlfleet.trainer.nll import NLL
 from rlfleet.trainer.parallel import Parallel, apply_activation_checkpointing

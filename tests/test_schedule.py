@@ -16,8 +16,8 @@ from rlfleet.config.advantage import AdvantageConfig
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
 from rlfleet.config.schedule import LRScheduleConfig
-from rlfleet.orchestrator.batch import build_batches
 from rlfleet.orchestrator.rollout import publish_rollout, single_turn
+from rlfleet.orchestrator.step_batches import BatchSpec, publish_batches
 from rlfleet.store import RunStore
 from rlfleet.trainer import loop, rl
 from rlfleet.trainer.schedule import lr_factor, make_scheduler
@@ -71,7 +71,9 @@ def _publish(store: RunStore, steps: int) -> None:
                      "reward": rng.random(), "policy_step": step - 1, "completion": ""}
                 )  # fmt: skip
         publish_rollout(store, step, records, {"policy_step": step - 1})
-        build_batches(store, step, 6, 0, advantage=AdvantageConfig(type="rloo"), max_tokens=6)
+        publish_batches(
+            store, step, records, BatchSpec(6, advantage=AdvantageConfig(type="rloo"), max_tokens=6)
+        )
 
 
 def _metrics(out, steps):

@@ -8,7 +8,6 @@ import copy
 import pytest
 import torch
 
-from rlfleet.batches import packed_micro_batches, regroup_rows
 from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import ModelConfig, TrainerConfig, TrainerJobConfig
 from rlfleet.config.sizing import (
@@ -22,6 +21,7 @@ from rlfleet.config.sizing import (
     row_groups,
     size_micro_batch,
 )
+from rlfleet.microbatches import packed_micro_batches, regroup_rows
 from rlfleet.trainer.budget import TokenBudget
 from rlfleet.trainer.losses import PolicyLoss
 from rlfleet.trainer.parallel import Parallel

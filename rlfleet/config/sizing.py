@@ -1,7 +1,7 @@
 """How many tokens a GPU trainer's micro-batch may hold: the arithmetic, kept free of torch (config:
 placement refuses what cannot fit before anything starts; the trainer sizes itself with the same).
 
-A GPU trainer's micro-batch is whole packed rows (rlfleet/batches.py) totalling at most
+A GPU trainer's micro-batch is whole packed rows (rlfleet/microbatches.py) totalling at most
 `trainer.micro_batch_tokens`; unset, the trainer measures at its first batch (budget.py `TokenBudget`)
 what one row of the batch's width costs and how much memory it finds free beside vLLM, and
 `size_micro_batch` turns that into rows. Before anything starts, placement (config/placement.py)

@@ -16,7 +16,7 @@ MANIFEST = "manifest.json"  # written last: a directory artifact is complete onc
 
 # Directory artifacts `<kind>/step_N/`, published whole (`RunStore.publish_dir`).
 ROLLOUTS = "rollouts"  # the step's trajectory records (records.TrajectoryRecord), JSONL per shard
-BATCHES = "batches"  # the trainer's micro-batches (rlfleet/batches.py)
+BATCHES = "batches"  # the trainer's micro-batches (rlfleet/microbatches.py)
 WEIGHTS = "weights"  # an HF model directory vLLM reloads (the filesystem transport)
 CHECKPOINTS = "checkpoints"  # trainer state and the HF model (`CHECKPOINT_MODEL`)
 

@@ -78,7 +78,7 @@ class RolloutManifest(Manifest, RolloutStats):
 
 
 class BatchManifest(Manifest):
-    """`batches/step_N/manifest.json` (orchestrator/batch.py:build_batches)."""
+    """`batches/step_N/manifest.json` (orchestrator/step_batches.py:publish_batches)."""
 
     step: int
     micro_batches: int

@@ -26,12 +26,10 @@ from prefect.utilities.hashing import hash_objects
 from rlfleet.config.models import RLConfig
 from rlfleet.errors import is_transient
 from rlfleet.inference.pool import InferencePool
-from rlfleet.orchestrator.batch import build_batches
-from rlfleet.orchestrator.rollout import load_tokenizer, usable
+from rlfleet.orchestrator.step_batches import BatchSpec, step_batches
 from rlfleet.runs.handles import RunHandles
 from rlfleet.store import RunDir, RunStore, layout, run_store
 from rlfleet.store.layout import rank_log
-from rlfleet.store.records import read_rollout_manifest
 from rlfleet.tasks.events import recovered
 from rlfleet.tasks.storage import result_storage
 from rlfleet.trainer.files import is_checkpoint_step, latest_checkpoint
@@ -101,20 +99,16 @@ def launch_inference_pool(cfg: RLConfig, resume_from: int, run: RunHandles) -> d
 
 @task(name="rollout", task_run_name="rollout-{step}", cache_key_fn=step_key)
 def rollout(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
-    """Take step N's groups from the rollout stream (published as `rollouts/step_N`) and publish
-    its batches (`batches` in the result). A published rollout is reused while its weights are
-    within `max_staleness` of N-1, else taken again (and its stale batches dropped)."""
-    store = _store(cfg)
-    existing = read_rollout_manifest(store, step)
-    pool = run.pool
-    if existing is not None:
-        if usable(step, existing["policy_step"], cfg.orchestrator.max_staleness):
-            pool.sleep()  # inference.sleep: the trainer gets the GPU until the next broadcast
-            return brief(existing) | {"batches": aggregate(cfg, step)}
-        store.remove(layout.step_dir(layout.BATCHES, step))
-        store.remove(layout.step_dir(layout.ROLLOUTS, step))
+    """Step N's rollout and batches (`orchestrator.step_batches`: the step's groups taken from the
+    rollout stream, or the rollout an earlier attempt published while its weights are within
+    `max_staleness` of N-1), then what the user should see of them. A colocated pool sleeps
+    before the batches are published (`inference.sleep`): the trainer gets the GPU."""
     assert run.stream is not None, "the flow starts the rollout stream before the first rollout"
-    out = brief(run.stream.take(step).manifest)
+    pool = run.pool
+    data = step_batches(run.stream, step, BatchSpec.of(cfg), free_gpu=pool.sleep)
+    out = brief(data.rollout) | {"batches": brief(data.batches)}
+    if data.reused:  # reported when it was taken
+        return out
     if out["reward_errors"]:  # contained user code, but the user must see it in the run's log
         get_run_logger().warning(
             "rollout %d: %d of %d samples failed to score and got reward 0; first: %s",
@@ -123,11 +117,11 @@ def rollout(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
             out["num_samples"],
             out["first_error"],
         )
-    out["sleep_seconds"] = pool.sleep()
+    out["sleep_seconds"] = data.free_gpu_seconds
     report_relaunches(cfg, pool)
     if out["resent_samples"]:
         recovered(
-            store,
+            _store(cfg),
             cfg.name,
             "rollout.resent",
             f"rollout {step}: {out['resent_samples']} of {out['num_samples']} samples were continued "
@@ -135,29 +129,7 @@ def rollout(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
             step=step,
             resent_samples=out["resent_samples"],
         )
-    return out | {"batches": aggregate(cfg, step)}
-
-
-def aggregate(cfg: RLConfig, step: int) -> dict[str, Any]:
-    """Step N's rollout as the trainer's micro-batches (advantages, staleness, padding)."""
-    store = _store(cfg)
-    if (existing := store.manifest(layout.step_dir(layout.BATCHES, step))) is not None:
-        return brief(existing)
-    pad_id = load_tokenizer(cfg.model.path).pad_token_id or 0
-    return brief(
-        build_batches(
-            store,
-            step,
-            cfg.orchestrator.micro_batch_size,
-            pad_id,
-            cursor={"next_step": step + 1, "seed": cfg.seed},
-            temperature=cfg.orchestrator.temperature,
-            seq_len=cfg.orchestrator.seq_len,
-            max_staleness=cfg.orchestrator.max_staleness,
-            advantage=cfg.advantage,
-            max_tokens=cfg.orchestrator.max_tokens,
-        )
-    )
+    return out
 
 
 def _running_trainer(cfg: RLConfig, run: RunHandles, step: int, replay_until: int) -> TrainerProcess:

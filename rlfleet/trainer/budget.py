@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from rlfleet.batches import regroup_rows
 from rlfleet.config.dtypes import torch_dtype
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.config.sizing import GIB, Sizing, row_groups, size_micro_batch
 from rlfleet.errors import DeterministicError
+from rlfleet.microbatches import regroup_rows
 from rlfleet.trainer.parallel import Parallel, apply_activation_checkpointing
 from rlfleet.trainer.train import Policy, free_memory, init_optimizer_state, probe_row
 

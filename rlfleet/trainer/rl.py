@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from rlfleet.batches import load_micro_batches
 from rlfleet.config.models import TrainerJobConfig
+from rlfleet.microbatches import load_micro_batches
 from rlfleet.store import RunStore, layout, run_store
 from rlfleet.store.records import BatchManifest
 from rlfleet.trainer.files import poll_interval
@@ -36,7 +36,7 @@ def run_trainer(cfg: TrainerJobConfig) -> None:
 
 
 def step_norm(manifest: BatchManifest, normalizer: float | None) -> StepNorm:
-    """The step's normalisers from its batch manifest (rlfleet/orchestrator/batch.py); the constant
+    """The step's normalisers from its batch manifest (rlfleet/orchestrator/step_batches.py); the constant
     one is `loss.normalizer`, or max_tokens x sequences (Dr.GRPO's generation budget)."""
     seqs = manifest.get("num_sequences", 0)  # absent from batches written before [loss] (0d4f7c5)
     return StepNorm(manifest["num_loss_tokens"], seqs, normalizer or manifest.get("max_tokens", 0) * seqs)

@@ -6,7 +6,7 @@ it. The counts come from the router modules the model itself declares for `outpu
 (transformers 5: `_can_record_outputs["router_logits"]`, e.g. `Qwen3MoeTopKRouter`, whose forward
 returns (logits, top-k weights, top-k indices)): a forward hook keeps the detached indices of the
 policy's own forward, and after it one scatter-add per micro-batch adds them, masked to the real
-tokens (`real_tokens` of a micro-batch, rlfleet/batches.py; never padding), into [layers, experts]
+tokens (`real_tokens` of a micro-batch, rlfleet/microbatches.py; never padding), into [layers, experts]
 counts on the device. Nothing else runs on the hot path: no top-k is recomputed, no graph is kept,
 an activation-checkpointing recompute and the LoRA reference's forward are not counted (the hook
 only records while `counting` is open). Dense models get no hooks and no metrics.

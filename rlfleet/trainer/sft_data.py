@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from rlfleet.batches import first_fit, pack_rows
 from rlfleet.chat import render
 from rlfleet.config.models import SFTDataConfig
+from rlfleet.microbatches import first_fit, pack_rows
 
 SUFFIXES = (".jsonl", ".parquet")
 
@@ -218,7 +218,7 @@ def micro_batches(examples: list[Example], size: int, pad_id: int) -> list[dict[
 def packed_micro_batches(
     examples: list[Example], rows_per_micro: int, width: int, pad_id: int
 ) -> list[dict[str, torch.Tensor]]:
-    """Examples packed into rows of `width` tokens (rlfleet/batches.py); a sample's first token is
+    """Examples packed into rows of `width` tokens (rlfleet/microbatches.py); a sample's first token is
     never a target, so the shift at a boundary takes no loss across samples."""
     seqs = [{"input_ids": e.input_ids, "loss_mask": [0, *e.loss_mask[1:]]} for e in examples]
     rows = first_fit([len(e.input_ids) for e in examples], width)

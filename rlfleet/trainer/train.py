@@ -158,7 +158,7 @@ def accumulate(
         mb = {k: v.to(device, non_blocking=True) for k, v in mb.items()}
         set_gradient_sync(policy, i == len(mine) - 1)
         # Padding sits only at the right end, so causal attention never looks at it: no mask needed.
-        # Packed rows carry position_ids that restart per sample (rlfleet/batches.py).
+        # Packed rows carry position_ids that restart per sample (rlfleet/microbatches.py).
         with routing.counting(mb) if routing is not None else contextlib.nullcontext():
             logprobs, entropy = policy(mb["input_ids"], temperature, mb.get("position_ids"))
         loss, stats = loss_fn(mb, logprobs, entropy)

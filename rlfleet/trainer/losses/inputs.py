@@ -1,7 +1,7 @@
 """What a policy loss sees of a micro-batch, and the step-wide numbers it is normalised by.
 
 Tensors are aligned to next-token targets, [B, T]. A row is one sequence (padded batches) or
-several (packed rows, rlfleet/batches.py): `seq_ids` tells them apart from the position ids,
+several (packed rows, rlfleet/microbatches.py): `seq_ids` tells them apart from the position ids,
 which restart at 0 at every sequence, so per-sequence quantities (GSPO's ratio, a sequence's IS
 weight, a per-sequence mean) are segment sums over the micro-batch, never a reshape.
 """

@@ -11,7 +11,7 @@ records -> micro-batches -> files. A record is a trajectory's token fields (`inp
 With seq_len > 0 sequences are packed instead: rows of exactly seq_len tokens holding several
 sequences, `position_ids [R, L]` restarting at each one (the loss tells sequences apart by them),
 and `advantages [R, L]` per token. A GPU trainer regroups packed rows into micro-batches of its own
-token budget (`regroup_rows`, trainer/sizing.py): the files are a transport of rows. `real_tokens` is what no other field says exactly (pad_id can be
+token budget (`regroup_rows`, config/sizing.py): the files are a transport of rows. `real_tokens` is what no other field says exactly (pad_id can be
 a real token, e.g. EOS): the MoE router's load counts only those (trainer/router.py).
 
 Packing: position ids restart at 0 at every sequence start. transformers reads restarts as
@@ -145,7 +145,7 @@ def micro_batches(
 
 def regroup_rows(micro: list[dict[str, torch.Tensor]], sizes: list[int]) -> list[dict[str, torch.Tensor]]:
     """A step's packed micro-batches as new ones of `sizes` rows each, rows kept in order (a GPU
-    trainer's micro-batches by tokens, trainer/sizing.py `row_groups`). Every field of a packed
+    trainer's micro-batches by tokens, config/sizing.py `row_groups`). Every field of a packed
     micro-batch is per row, so rows move whole and the step's loss and gradient stay the same."""
     if sum(sizes) != sum(len(m["input_ids"]) for m in micro):
         raise ValueError(
