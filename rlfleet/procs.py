@@ -15,14 +15,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 
 from rlfleet.guard import die_with_parent
 from rlfleet.store.layout import rank_log
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -137,16 +140,32 @@ def reap_pidfile(pidfile: Path) -> None:
 
 
 def wait_until(
-    predicate, timeout_s: float, interval_s: float = 0.5, what: str = "condition", abort=None
-) -> None:
-    """Poll predicate() until true; raise TimeoutError, or RuntimeError when abort() returns a reason."""
+    predicate: Callable[[], T],
+    timeout_s: float,
+    interval_s: float = 0.5,
+    what: str = "condition",
+    abort: Callable[[], str | Exception | None] | None = None,
+    on_timeout: Callable[[], Exception] | None = None,
+) -> T:
+    """Poll predicate() until it returns something truthy, and return that.
+
+    abort() ends the wait early: an exception it returns is raised as is (a dead process's own
+    error, whose type says whether a retry helps), a reason as RuntimeError. After timeout_s:
+    on_timeout()'s exception (made then, so it can say what was seen last), else TimeoutError.
+    """
     deadline = time.monotonic() + timeout_s
     while True:
-        if predicate():
-            return
+        if value := predicate():
+            return value
         if abort is not None and (reason := abort()):
-            raise RuntimeError(f"gave up waiting for {what}: {reason}")
+            raise (
+                reason
+                if isinstance(reason, Exception)
+                else RuntimeError(f"gave up waiting for {what}: {reason}")
+            )
         if time.monotonic() > deadline:
+            if on_timeout is not None:
+                raise on_timeout()
             raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         time.sleep(interval_s)
 

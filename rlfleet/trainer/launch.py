@@ -9,7 +9,7 @@ from typing import Any
 
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import DeterministicError, TransientError
-from rlfleet.procs import RANK_LOGS, ManagedProcess, python_module_cmd
+from rlfleet.procs import RANK_LOGS, ManagedProcess, python_module_cmd, wait_until
 from rlfleet.store import RunDir, RunStore, local_dir, run_store
 from rlfleet.store.layout import rank_log
 from rlfleet.store.records import TrainerMetrics, read_metrics
@@ -113,12 +113,13 @@ class TrainerProcess:
         unless the trainer recorded an error that will recur (DeterministicError, no retry).
         """
         start = time.monotonic()
-        while (metrics := read_metrics(store, step)) is None:
-            if (error := self.failure(store, step)) is not None:
-                raise error
-            if time.monotonic() - start > timeout_s:
-                raise TimeoutError(f"trainer step {step} not done after {timeout_s:.0f}s")
-            time.sleep(poll_interval(store, self.cfg.trainer.poll_interval_s))
+        metrics = wait_until(
+            lambda: read_metrics(store, step),
+            timeout_s,
+            poll_interval(store, self.cfg.trainer.poll_interval_s),
+            abort=lambda: self.failure(store, step),
+            on_timeout=lambda: TimeoutError(f"trainer step {step} not done after {timeout_s:.0f}s"),
+        )
         metrics["wait_seconds"] = time.monotonic() - start
         return metrics
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlfleet.config.weights import FILES, transport_config
-from rlfleet.procs import this_process
+from rlfleet.procs import this_process, wait_until
 from rlfleet.store import RunStore
 from rlfleet.weights.tickets import REGROUP, REGROUPED, newest_weights, sender_running, trainer_ticket
 
@@ -148,16 +148,20 @@ def live_ticket(
 ) -> Ticket:
     """Step N's ticket of a sending `transport` (nccl), once its sender runs: a relaunched trainer
     replays up to step N and writes it again. `failure()` names a trainer that died meanwhile (raised)."""
-    deadline = time.monotonic() + timeout_s
-    while not sender_running(t := trainer_ticket(store, step, transport)):
-        if (error := failure()) is not None:
-            raise error
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"no running trainer wrote the step {step} {transport} ticket in {timeout_s:.0f} s"
-            )
-        time.sleep(poll_s)
-    return t
+
+    def written() -> Ticket | None:
+        t = trainer_ticket(store, step, transport)
+        return t if sender_running(t) else None
+
+    return wait_until(
+        written,
+        timeout_s,
+        poll_s,
+        abort=failure,
+        on_timeout=lambda: TimeoutError(
+            f"no running trainer wrote the step {step} {transport} ticket in {timeout_s:.0f} s"
+        ),
+    )
 
 
 def regroup(store: RunStore, timeout_s: float, poll_s: float = 0.05) -> Ticket:
@@ -166,14 +170,16 @@ def regroup(store: RunStore, timeout_s: float, poll_s: float = 0.05) -> Ticket:
     dead one is relaunched by the next task; the request stays and is answered then)."""
     request_id = f"regroup-{os.getpid()}-{time.time_ns()}"
     store.write_json(REGROUP, {"id": request_id, "by": this_process()})
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if store.exists(REGROUPED):
-            answer = store.read_json(REGROUPED)
-            if answer["group"]["id"] == request_id and sender_running(answer):
-                return answer
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"no running trainer answered the weight-sync regroup request in {timeout_s:.0f} s"
-            )
-        time.sleep(poll_s)
+
+    def answered() -> Ticket | None:
+        answer = store.read_json(REGROUPED) if store.exists(REGROUPED) else None
+        return answer if answer and answer["group"]["id"] == request_id and sender_running(answer) else None
+
+    return wait_until(
+        answered,
+        timeout_s,
+        poll_s,
+        on_timeout=lambda: TimeoutError(
+            f"no running trainer answered the weight-sync regroup request in {timeout_s:.0f} s"
+        ),
+    )

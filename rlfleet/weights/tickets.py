@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from rlfleet.procs import running
+from rlfleet.procs import running, wait_until
 from rlfleet.store import CorruptArtifact, RunStore, layout, stage
 
 log = logging.getLogger("rlfleet.weights")
@@ -48,14 +48,19 @@ def served_step(store: RunStore) -> int | None:
 
 def wait_served(store: RunStore, step: int, timeout_s: float, poll_s: float = 0.01) -> None:
     """Block until the replicas hold `step` or newer."""
-    deadline = time.monotonic() + timeout_s
-    while (held := served_step(store)) is None or held < step:
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"vLLM still holds weights {held} after {timeout_s:.0f} s; step {step} was expected "
-                "(weights.timeout_s)"
-            )
-        time.sleep(poll_s)
+
+    def held() -> bool:
+        return (served := served_step(store)) is not None and served >= step
+
+    wait_until(
+        held,
+        timeout_s,
+        poll_s,
+        on_timeout=lambda: TimeoutError(
+            f"vLLM still holds weights {served_step(store)} after {timeout_s:.0f} s; step {step} was "
+            "expected (weights.timeout_s)"
+        ),
+    )
 
 
 def sender_running(ticket: dict[str, Any]) -> bool:
