@@ -120,7 +120,7 @@ def venv(tmp_path_factory) -> Venv:
 def test_the_venv_runs_the_wheels_rlfleet_and_its_packaged_files(venv):
     code = (
         "import json, sys, rlfleet\n"
-        "from rlfleet.deployments import PREFECT_FILE\n"
+        "from rlfleet.resources import PREFECT_FILE\n"
         "from rlfleet.slurm.render import DEFAULT_TEMPLATE\n"
         "from rlfleet.workers.slurm import WORKER_TEMPLATE\n"
         "print(json.dumps({'rlfleet': rlfleet.__file__, 'path': sys.path, 'files': "
@@ -131,7 +131,7 @@ def test_the_venv_runs_the_wheels_rlfleet_and_its_packaged_files(venv):
     assert Path(got["rlfleet"]) == site / "rlfleet" / "__init__.py"
     assert not any(p and Path(p).resolve().is_relative_to(ROOT) for p in got["path"]), got["path"]
     for f in map(Path, got["files"]):
-        assert f.is_relative_to(site / "rlfleet" / "deployments") and f.is_file(), f
+        assert f.is_relative_to(site / "rlfleet" / "resources") and f.is_file(), f
     assert not list(site.glob("__editable__*rlfleet*")), "the wheel, not an editable install"
 
 

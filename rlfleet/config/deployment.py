@@ -1,4 +1,8 @@
-"""Where a run's processes go: `[deployment]` (one node, or a SLURM job's nodes) and `[slurm]`."""
+"""Where a run's processes go: `[deployment]` (one node, or a SLURM job's nodes) and `[slurm]`.
+
+The TOML section names the run's placement; Prefect's deployments (flows registered with a work
+pool, `rlfleet deploy`) are workers/deploy.py's and rlfleet/resources/prefect.yaml's.
+"""
 
 from __future__ import annotations
 
@@ -80,7 +84,7 @@ class SlurmConfig(Strict):
     time: str = Field("01:00:00", description="sbatch --time: MM, HH:MM:SS, D-HH[:MM[:SS]].")
     template_path: str | None = Field(
         None,
-        description="A custom Jinja2 sbatch template; default: rlfleet/deployments/templates/rlfleet.sbatch.j2 (packaged).",
+        description="A custom Jinja2 sbatch template; default: rlfleet/resources/templates/rlfleet.sbatch.j2 (packaged).",
     )
     dry_run: bool = Field(False, description="Write the script and configs, do not submit.")
     extra_directives: list[str] = Field(

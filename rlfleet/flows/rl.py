@@ -56,7 +56,7 @@ from rlfleet.workers.leases import gpu_lease
 
 @flow(name="rl", flow_run_name="{config.name}", log_prints=True)
 def rl(config: RLConfig) -> State:
-    """One RL run; `config` is the resolved RLConfig (the deployment's parameter)."""
+    """One RL run; `config` is the resolved RLConfig (the Prefect deployment's parameter)."""
     t0 = time.perf_counter()
     load_credentials_block()  # S3 credentials from $RLFLEET_S3_CREDENTIALS_BLOCK, if it is set
     # replicas `rlfleet rl` started for this run hold its ports: not a conflict

@@ -1,6 +1,6 @@
 """Render an sbatch script from a Jinja2 template: rlfleet's own or the user's `[slurm] template_path`.
 
-The variables are listed in rlfleet/deployments/templates/rlfleet.sbatch.j2's header (and README, "SLURM").
+The variables are listed in rlfleet/resources/templates/rlfleet.sbatch.j2's header (and README, "SLURM").
 StrictUndefined: a custom template that names a variable rlfleet does not provide fails the render.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import jinja2
 
 from rlfleet.config.deployment import DeploymentConfig, MultiNodeDeployment, SlurmConfig
-from rlfleet.deployments import TEMPLATES
+from rlfleet.resources import TEMPLATES
 from rlfleet.store import RunDir
 
 DEFAULT_TEMPLATE = TEMPLATES / "rlfleet.sbatch.j2"

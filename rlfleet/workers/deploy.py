@@ -1,4 +1,7 @@
-"""`rlfleet deploy`: the local process work pool, per-GPU limits, and the deployments of prefect.yaml."""
+"""`rlfleet deploy`: Prefect's side of running rlfleet from a worker. It creates the work pool
+(local processes, or `slurm`), the per-GPU concurrency limits, and the Prefect deployments of
+rlfleet/resources/prefect.yaml (rl/main, sft/main, eval/scheduled, ablation/main). A run's
+`[deployment]` section (config/deployment.py) is its placement, unrelated."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import sys
 from pathlib import Path
 
 from rlfleet.config.placement import visible_gpus
-from rlfleet.deployments import PREFECT_FILE
+from rlfleet.resources import PREFECT_FILE
 from rlfleet.workers.leases import ensure_gpu_limits
 
 POOL = "rlfleet-local"

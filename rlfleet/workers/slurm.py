@@ -3,7 +3,7 @@
 `prefect worker start --pool <pool> --type slurm` (registered through the `prefect.collections`
 entry point in pyproject.toml) or `rlfleet worker --pool <pool>`. The job script comes from the
 pool's base job template (partition, nodes, gpus_per_node, time, account, qos, env,
-extra_directives) rendered through rlfleet/deployments/templates/prefect-worker.sbatch.j2; inside the job
+extra_directives) rendered through rlfleet/resources/templates/prefect-worker.sbatch.j2; inside the job
 `python -m prefect.engine` runs the flow run (deployment pull steps included).
 
 The worker follows the job with squeue, then `scontrol show job` / sacct for its final state:
@@ -30,7 +30,7 @@ from prefect.states import Cancelled, Crashed
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
 from pydantic import Field
 
-from rlfleet.deployments import TEMPLATES
+from rlfleet.resources import TEMPLATES
 from rlfleet.slurm.commands import (
     CANCELLED,
     SUCCESS,

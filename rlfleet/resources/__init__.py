@@ -1,4 +1,5 @@
 """Files rlfleet reads at run time, shipped inside the package (package-data in pyproject.toml).
+Not code: the commands that read them are slurm/render.py, workers/slurm.py and workers/deploy.py.
 
 - templates/rlfleet.sbatch.j2: the sbatch script of `rlfleet rl|sft|inference` with a `[slurm]` block
   (`[slurm] template_path` replaces it);
