@@ -10,7 +10,7 @@ trainer steps and while weights change (the pool loads them with requests paused
 
 What is in flight, what is finished, and which groups step N may take are the `GroupBuffer`'s
 books (buffer.py: demand, take policy, the buffer's files); this module is the thread that samples
-into it and the `take` that waits on it. Every call into the buffer holds `_cond`. `take(N)`
+into it and the `take` that waits on it. Every change to the books holds `_cond`. `take(N)`
 publishes the groups as `rollouts/step_N` and then removes their buffer files; groups in flight
 that no step left can take are cancelled (`aborted_stale`).
 """
@@ -44,6 +44,9 @@ log = logging.getLogger("rlfleet.orchestrator")
 
 
 class RolloutStream:
+    """The controller's rollout side: `start` the sampling thread, `take(N)` step N's groups,
+    `notify` it of new weights, `stop` it. The flow holds one per run (runs/handles.py)."""
+
     def __init__(
         self,
         cfg: OrchestratorConfig,
