@@ -1,7 +1,8 @@
 """The rollout stream's books: which groups are sampling, which are finished, which step N may take.
 
-No threads and no vLLM: `RolloutStream` (stream.py) calls every method here under its lock, and
-tests drive it directly. Three rules live here and nowhere else:
+No threads and no vLLM: `RolloutStream` (stream.py) changes the books only under its lock (`write`,
+which touches only the group's file, runs in a worker thread without it), and tests drive it
+directly. Three rules live here and nowhere else:
 
 - **Demand** (`wanted`): the steps still to be taken, up to the newest the served weights may
   train, need `batch_size` groups each; what is in flight or buffered counts against that.
