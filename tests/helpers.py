@@ -4,7 +4,7 @@
 - a run as Prefect and its store see it: `flow_run`, `wait_final`, `task_runs`, `task_run_names`,
   `assert_every_step_once`, `assert_no_process_left`; a fault to inject: `KillWhen`;
 - probes: a vLLM logprob fingerprint, a dataset's NLL, `sbatch --test-only`, the ranks that wrote
-  a DCP checkpoint, random trajectories.
+  a DCP checkpoint, random trajectories, a trajectory as the rollout stream buffers it.
 
 Test modules import from here, never from each other. torch, transformers, Prefect and most of
 rlfleet are imported inside the functions that use them: conftest imports this module (`free_port`),
@@ -300,3 +300,26 @@ def random_records(
             {"group": i // 4, **single_turn(prompt, completion, logprobs), "advantage": advantage(rng, i)}
         )
     return out
+
+
+def stream_record(version: int, newest: int | None = None, reward: float = 0.5) -> dict:
+    """One sampled trajectory as the rollout stream buffers it, its tokens from weights
+    `version` .. `newest` (a load in flight)."""
+    from rlfleet.orchestrator.rollout import single_turn
+
+    newest = version if newest is None else newest
+    runs = [[version, 2]] + ([[newest, 2]] if newest != version else [])
+    return single_turn([1, 5, 6], [7, 8, 9, 10], [-1.0] * 4) | {
+        "group": 0,
+        "env": "repeat",
+        "example_uid": "x",
+        "reward": reward,
+        "metrics": {},
+        "error": None,
+        "policy_step": version,
+        "policy_step_max": newest,
+        "truncated": False,
+        "turns": [{"versions": runs}],
+        "messages": None,
+        "completion": "abcd",
+    }

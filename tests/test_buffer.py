@@ -8,7 +8,7 @@ from rlfleet.config.rollouts import OrchestratorConfig
 from rlfleet.errors import TransientError
 from rlfleet.orchestrator.buffer import Group, GroupBuffer
 from rlfleet.store import RunStore, layout
-from tests.test_stream import record
+from tests.helpers import stream_record
 
 
 def books(store: RunStore, next_step: int, k: int = 0, batch_size: int = 2, **cfg) -> GroupBuffer:
@@ -17,7 +17,7 @@ def books(store: RunStore, next_step: int, k: int = 0, batch_size: int = 2, **cf
 
 
 def group(uid: str, version: int, finished_at: float, rewards: tuple[float, float] = (0.0, 1.0)) -> Group:
-    return Group(uid, "repeat", [record(version, reward=r) for r in rewards], finished_at)
+    return Group(uid, "repeat", [stream_record(version, reward=r) for r in rewards], finished_at)
 
 
 def finish(b: GroupBuffer, g: Group) -> bool:

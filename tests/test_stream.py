@@ -18,34 +18,17 @@ import pytest
 
 from rlfleet.config.rollouts import OrchestratorConfig
 from rlfleet.orchestrator.buffer import Group
-from rlfleet.orchestrator.rollout import read_rollout, single_turn
+from rlfleet.orchestrator.rollout import read_rollout
 from rlfleet.orchestrator.shaping import cut, overlong_penalty, sampled_len
 from rlfleet.orchestrator.stream import RolloutStream
 from rlfleet.store import RunStore, layout
-
-
-def record(version: int, newest: int | None = None, reward: float = 0.5) -> dict[str, Any]:
-    """One sampled trajectory, its tokens from weights `version` .. `newest` (a load in flight)."""
-    newest = version if newest is None else newest
-    runs = [[version, 2]] + ([[newest, 2]] if newest != version else [])
-    return single_turn([1, 5, 6], [7, 8, 9, 10], [-1.0] * 4) | {
-        "group": 0,
-        "env": "repeat",
-        "example_uid": "x",
-        "reward": reward,
-        "metrics": {},
-        "error": None,
-        "policy_step": version,
-        "policy_step_max": newest,
-        "truncated": False,
-        "turns": [{"versions": runs}],
-        "messages": None,
-        "completion": "abcd",
-    }
+from tests.helpers import stream_record
 
 
 def buffer(store: RunStore, uid: str, versions: list[tuple[int, int]], finished_at: float) -> Group:
-    g = Group(uid, "repeat", [record(lo, hi, reward=i) for i, (lo, hi) in enumerate(versions)], finished_at)
+    g = Group(
+        uid, "repeat", [stream_record(lo, hi, reward=i) for i, (lo, hi) in enumerate(versions)], finished_at
+    )
     store.write_json(layout.buffered_group(uid), asdict(g))
     return g
 
@@ -72,7 +55,7 @@ def buffered(store: RunStore) -> set[str]:
     ],
 )
 def test_a_group_fits_a_step_only_if_every_token_is_within_k(oldest, newest, step, k, fits):
-    g = Group("u", "repeat", [record(oldest), record(oldest, newest)])
+    g = Group("u", "repeat", [stream_record(oldest), stream_record(oldest, newest)])
     assert g.fits(step, k) is fits
 
 
@@ -127,7 +110,9 @@ def test_each_env_gets_its_share_of_a_step(tmp_path):
         env=[{"type": "repeat", "name": "a", "weight": 2}, {"type": "repeat", "name": "b", "weight": 1}],
     )
     for i, env in enumerate(["a", "b", "b", "a", "a"]):
-        g = Group(f"0-{env}-{i}", env, [record(0) | {"env": env}, record(0) | {"env": env}], float(i))
+        g = Group(
+            f"0-{env}-{i}", env, [stream_record(0) | {"env": env}, stream_record(0) | {"env": env}], float(i)
+        )
         store.write_json(layout.buffered_group(g.uid), asdict(g))
     s = RolloutStream(cfg, store, "unused", None, lambda: 0, 0, 64, 1)
     assert s.take(1).manifest["group_uids"] == ["0-a-0", "0-b-1", "0-a-3"]
@@ -245,8 +230,8 @@ def test_a_step_is_filled_with_flat_groups_once_its_refills_are_spent(tmp_path, 
 
 def test_a_restarted_controller_holds_flat_groups_again(tmp_path):
     store = RunStore(tmp_path)
-    flat = Group("0-flat", "repeat", [record(0, reward=0.5), record(0, reward=0.5)], 1.0)
-    fine = Group("0-fine", "repeat", [record(0, reward=0.0), record(0, reward=1.0)], 2.0)
+    flat = Group("0-flat", "repeat", [stream_record(0, reward=0.5), stream_record(0, reward=0.5)], 1.0)
+    fine = Group("0-fine", "repeat", [stream_record(0, reward=0.0), stream_record(0, reward=1.0)], 2.0)
     for g in (flat, fine):
         store.write_json(layout.buffered_group(g.uid), asdict(g))
     shaping = {"dynamic_sampling": True, "max_refill": 0}
@@ -332,7 +317,9 @@ def test_soft_overlong_shapes_rewards_before_dynamic_sampling_judges_the_group(t
 
 
 def test_a_samples_length_is_its_longest_model_turn_and_a_truncated_conversation_is_cut():
-    r = record(0) | {"turns": [{"start": 3, "end": 8, "finish_reason": "stop"}, {"start": 12, "end": 21}]}
+    r = stream_record(0) | {
+        "turns": [{"start": 3, "end": 8, "finish_reason": "stop"}, {"start": 12, "end": 21}]
+    }
     assert sampled_len(r) == 9 and not cut(r)
     assert cut(r | {"truncated": True})
     assert cut(r | {"turns": [{"start": 3, "end": 19, "finish_reason": "length"}]})
