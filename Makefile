@@ -48,7 +48,7 @@ slurm:
 	bash scripts/install-slurm.sh
 
 test: $(STAMP) slurm docs-build
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # The docs site: its configuration reference is written from the pydantic models at build time
 # (scripts/config_reference.py, a mkdocs hook); --strict fails on a broken link or a config field without a description.
