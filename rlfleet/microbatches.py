@@ -171,9 +171,7 @@ def write_micro_batches(stage: Path, micro: list[dict[str, torch.Tensor]]) -> No
 def load_micro_batches(store: RunStore, step: int) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
     """The published `batches/step_N` (verified): its manifest and its micro-batches."""
     rel = layout.step_dir(layout.BATCHES, step)
-    manifest = store.manifest(rel, verify=True)
-    if manifest is None:
-        raise FileNotFoundError(f"{rel} is not published")
+    manifest = store.published(rel)
     micro = []
     for k in range(manifest["micro_batches"]):
         micro.append(load(store.read_bytes(f"{rel}/{layout.micro_batch(k)}")))

@@ -143,9 +143,7 @@ def read_rollout(store: RunStore, step: int) -> list[TrajectoryRecord]:
     """The records of a published `rollouts/step_N`, checksums verified: read back only when a
     rollout published earlier is reused (a retry, a resume) and tests."""
     rel = layout.step_dir(layout.ROLLOUTS, step)
-    manifest = store.manifest(rel, verify=True)
-    if manifest is None:
-        raise FileNotFoundError(f"{rel} is not published")
+    manifest = store.published(rel)
     records = []
     for name in sorted(manifest["files"]):
         text = store.read_bytes(f"{rel}/{Path(name).as_posix()}").decode()

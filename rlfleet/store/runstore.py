@@ -197,6 +197,13 @@ class RunStore:
                 raise CorruptArtifact(f"{rel}/{name}: checksum mismatch")
         return manifest
 
+    def published(self, rel: str) -> dict[str, Any]:
+        """The manifest of an artifact a reader needs (checksums verified); FileNotFoundError when
+        it was never published."""
+        if (manifest := self.manifest(rel, verify=True)) is None:
+            raise FileNotFoundError(f"{rel} is not published")
+        return manifest
+
     def sizes(self, rel: str) -> dict[str, int]:
         """{relative name: size} of every file under `rel`, in one listing (one LIST call on S3)."""
         base = self.path(rel)
