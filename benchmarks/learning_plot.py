@@ -44,8 +44,9 @@ def summarize(groups: dict[tuple[str, str], list[dict[str, Any]]], base: float |
             row[f"to_trl_final_{key}"] = reach(mean, target, key)
             row[f"to_trl_final_{key}_per_seed"] = [reach(d["curve"], target, key) for d in ds]
         if target is not None:  # the loop alone: training seconds after the run's start-up
-            loop = [at - d["startup_s"] for d in ds if (at := reach(d["curve"], target, "train_wall_s"))]
             row["startup_s_per_seed"] = [d.get("startup_s") for d in ds]
+            reached = zip(row["to_trl_final_train_wall_s_per_seed"], row["startup_s_per_seed"], strict=True)
+            loop = [at - start for at, start in reached if at is not None]
             row["to_trl_final_loop_s"] = fmean(loop) if len(loop) == len(ds) else None
         summary["groups"][f"{fw}/{var}"] = row
     theirs = next((r for k, r in summary["groups"].items() if k.startswith("trl/")), {})
