@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from rlfleet.config.loader import ConfigError, load
+from rlfleet.config.loader import ConfigError, load, raise_if
 from rlfleet.procs import log_to_rank_file
 
 USAGE = __doc__
@@ -124,7 +124,8 @@ def _as_torchrun(argv: list[str], gpu_ids: list[str]) -> None:
 
 
 def _inference(argv: Sequence[str]) -> int:
-    from rlfleet.config.checks import check_model, check_ports, raise_if
+    from rlfleet.config.inference import check_ports
+    from rlfleet.config.model import check_model
     from rlfleet.config.models import InferenceJobConfig
     from rlfleet.inference.server import launch_replicas, stop_replicas
 
@@ -206,7 +207,8 @@ def _runs(argv: Sequence[str]) -> int:
 
 
 def _eval(argv: Sequence[str]) -> int:
-    from rlfleet.config.checks import check_model, check_ports, raise_if
+    from rlfleet.config.inference import check_ports
+    from rlfleet.config.model import check_model
     from rlfleet.config.models import EvalJobConfig
 
     cfg = load(EvalJobConfig, argv)

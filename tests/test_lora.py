@@ -17,9 +17,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from rlfleet.config.checks import check_lora
 from rlfleet.config.loader import ConfigError, load, to_toml
-from rlfleet.config.lora import LoraConfig
+from rlfleet.config.lora import LoraConfig, check_lora
 from rlfleet.config.models import ModelConfig, RLConfig, SFTConfig, TrainerConfig, TrainerJobConfig
 from rlfleet.store import RunStore
 from rlfleet.trainer.hf_export import sent_tensors
@@ -73,10 +72,10 @@ def test_lora_defaults_a_missing_peft_and_unknown_targets(tiny_model, monkeypatc
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "peft" else real(n, *a))
-    assert check_lora(cfg.trainer) == [
+    assert check_lora(cfg.trainer.lora) == [
         "trainer.lora needs peft, which is not installed: pip install 'rlfleet[lora]'"
     ]
-    assert check_lora(TrainerConfig()) == []
+    assert check_lora(None) == []  # full fine-tuning needs no peft
     monkeypatch.undo()
 
     lm = load_model(str(tiny_model), "float32", CPU)

@@ -23,8 +23,8 @@ import s3fs
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlfleet.config.checks import check_output_dir
 from rlfleet.store import CorruptArtifact, RunStore, cache_root, stage, step_dir
+from rlfleet.store.writable import check_output_dir
 from rlfleet.trainer.checkpoint import CheckpointManager, prune_checkpoints
 from rlfleet.trainer.files import latest_checkpoint, prune_steps
 from rlfleet.trainer.parallel import Parallel

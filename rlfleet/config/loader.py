@@ -6,6 +6,7 @@ apply. Validation errors are reported with the dotted path of the offending fiel
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,12 @@ M = TypeVar("M", bound=BaseModel)
 
 class ConfigError(ValueError):
     """A config that cannot start: bad file, unknown key, wrong type or impossible value."""
+
+
+def raise_if(problems: list[str]) -> None:
+    """Every launch check's problems at once, one a line, as the CLI prints them."""
+    if problems:
+        raise ConfigError("cannot start:\n" + "\n".join(f"  {p}" for p in problems))
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
@@ -96,14 +103,20 @@ def parse_args(argv: Sequence[str], flags: list[str] | None = None) -> dict[str,
     return deep_merge(merged, overrides)
 
 
+_OWN_FIELD = re.compile(r"([a-z_][a-z0-9_]*): ")
+
+
 def format_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
         shown = "" if isinstance(got, dict) or e["type"] == "missing" else f" (got {got!r})"
-        # Cross-field validators name their own fields at the start of the message.
+        # Cross-field validators name their own fields at the start of the message; a section's
+        # names a field of its own (`port: ...`), shown under the section's path.
         loc = ".".join(str(p) for p in e["loc"])
+        if loc and (own := _OWN_FIELD.match(msg)):
+            loc, msg = f"{loc}.{own[1]}", msg[own.end() :]
         lines.append(f"  {loc}: {msg}{shown}" if loc else f"  {msg}{shown}")
     return "invalid config:\n" + "\n".join(lines)
 

@@ -7,6 +7,8 @@ vLLM still gets the full, merged weights (rlfleet/trainer/lora.py says why).
 
 from __future__ import annotations
 
+import importlib.util
+
 from pydantic import Field, field_validator
 
 from rlfleet.config.base import NonEmptyStr, Strict
@@ -55,3 +57,11 @@ class LoraConfig(Strict):
                 "are trained only by full fine-tuning (leave [trainer.lora] unset)"
             )
         return v
+
+
+def check_lora(lora: LoraConfig | None) -> list[str]:
+    """`[trainer.lora]` needs the optional peft, checked at launch (whether its targets exist, the
+    trainer says: the model's layers are known only once it is built)."""
+    if lora is None or importlib.util.find_spec("peft") is not None:
+        return []
+    return [PEFT_MISSING]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from rlfleet.config.deployment import DeploymentConfig, MultiNodeDeployment
+from rlfleet.config.deployment import DeploymentConfig, MultiNodeDeployment, not_shared
 from rlfleet.config.dtypes import DTYPE_BYTES
 from rlfleet.config.loader import ConfigError
 from rlfleet.config.models import RLConfig
@@ -50,6 +50,20 @@ def assign_gpus(
         "(deployment.num_inference_gpus, deployment.num_train_gpus; "
         f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
     )
+
+
+def check_gpus(cfg: RLConfig) -> tuple[list[str], list[str], list[str]]:
+    """The launch check of placement: (inference GPUs, trainer GPUs, problems). The config alone
+    asks for one shared GPU where cuda_ipc or inference.sleep needs it; whether vLLM and the trainer
+    get one depends on how many GPUs are visible here."""
+    try:
+        inference_gpus, trainer_gpus = assign_gpus(cfg.deployment)
+    except ConfigError as e:
+        return [], [], [str(e)]
+    problems = [placed(cfg.weights, inference_gpus, trainer_gpus).placement(inference_gpus, trainer_gpus)]
+    if cfg.inference.sleep:
+        problems.append(not_shared("inference.sleep", inference_gpus, trainer_gpus))
+    return inference_gpus, trainer_gpus, [p for p in problems if p]
 
 
 # A GPU trainer's packed row when orchestrator.seq_len is unset (at least inference.max_model_len).

@@ -11,7 +11,9 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
-from rlfleet.config.checks import check_model, check_ports, raise_if
+from rlfleet.config.inference import check_ports
+from rlfleet.config.loader import raise_if
+from rlfleet.config.model import check_model
 from rlfleet.config.models import EvalJobConfig
 from rlfleet.flows.artifacts import artifact_key
 from rlfleet.orchestrator.envs import check_envs

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from rlfleet.config.checks import check_lora, check_model, check_output_dir, check_ports, raise_if
-from rlfleet.config.deployment import not_shared, slurm_missing
-from rlfleet.config.loader import ConfigError, to_toml
+from rlfleet.config.deployment import slurm_missing
+from rlfleet.config.inference import check_ports
+from rlfleet.config.loader import raise_if, to_toml
+from rlfleet.config.lora import check_lora
+from rlfleet.config.model import check_model
 from rlfleet.config.models import RLConfig
-from rlfleet.config.placement import assign_gpus, gpu_defaults, split_cpus
-from rlfleet.config.weights import placed
+from rlfleet.config.placement import check_gpus, gpu_defaults, split_cpus
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.store import RunDir, layout, run_store
+from rlfleet.store.writable import check_output_dir
 
 
 def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> dict[str, str]:
@@ -35,9 +37,10 @@ def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[s
 
 
 def preflight(cfg: RLConfig, ports: bool = True) -> tuple[list[str], list[str]]:
-    """Check everything checkable before anything starts; returns (inference GPUs, trainer GPUs).
+    """The launch checks, all at once, before anything starts: what the config alone cannot tell
+    (files, user code, GPUs and ports here); returns (inference GPUs, trainer GPUs).
     ports=False: the run's replicas were started already (they hold the ports)."""
-    problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_lora(cfg.trainer)
+    problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_lora(cfg.trainer.lora)
     problems += check_ports(cfg.inference) if ports else []
     problems += check_envs(cfg.orchestrator.env, "orchestrator.env")
     if cfg.eval.interval:
@@ -45,17 +48,9 @@ def preflight(cfg: RLConfig, ports: bool = True) -> tuple[list[str], list[str]]:
     # The flow never submits: a multi_node controller is the one inside the job, given its urls.
     if problem := slurm_missing(cfg.deployment, None, cfg.inference.urls):
         problems.append(problem)
-    try:
-        gpus = assign_gpus(cfg.deployment)
-    except ConfigError as e:
-        problems.append(str(e))
-        gpus = ([], [])
-    if problem := placed(cfg.weights, *gpus).placement(*gpus):
-        problems.append(problem)
-    if cfg.inference.sleep and (problem := not_shared("inference.sleep", *gpus)):
-        problems.append(problem)
-    raise_if(problems)
-    return gpus
+    inference_gpus, trainer_gpus, placement = check_gpus(cfg)
+    raise_if(problems + placement)
+    return inference_gpus, trainer_gpus
 
 
 def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, list[str], list[str]]:

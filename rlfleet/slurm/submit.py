@@ -16,13 +16,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from rlfleet.config.checks import check_lora, check_model, check_output_dir, raise_if
-from rlfleet.config.loader import ConfigError, to_toml
+from rlfleet.config.loader import ConfigError, raise_if, to_toml
+from rlfleet.config.lora import check_lora
+from rlfleet.config.model import check_model
 from rlfleet.config.models import InferenceJobConfig, RLConfig, SFTConfig
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.slurm.commands import sbatch
 from rlfleet.slurm.render import render, replicas_per_node, template_variables
 from rlfleet.store import RunDir, layout, run_store
+from rlfleet.store.writable import check_output_dir
 
 AnyJob = RLConfig | SFTConfig | InferenceJobConfig
 
@@ -83,7 +85,7 @@ def submit(command: str, cfg: AnyJob, env: dict[str, str] | None = None) -> dict
         )
     problems = check_model(cfg.model) + check_output_dir(cfg.output_dir)
     if not isinstance(cfg, InferenceJobConfig):
-        problems += check_lora(cfg.trainer)
+        problems += check_lora(cfg.trainer.lora)
     if isinstance(cfg, RLConfig):  # a bad env fails here, not minutes later inside the job
         problems += check_envs(cfg.orchestrator.env, "orchestrator.env")
     raise_if(problems)

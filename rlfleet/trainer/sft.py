@@ -16,11 +16,14 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from rlfleet.config.checks import check_lora, check_model, check_output_dir, raise_if
+from rlfleet.config.loader import raise_if
+from rlfleet.config.lora import check_lora
+from rlfleet.config.model import check_model
 from rlfleet.config.models import SFTConfig
 from rlfleet.report import curve_png, mean_or_none, step_progress
 from rlfleet.store import RunStore, layout, run_store
 from rlfleet.store.records import read_metrics
+from rlfleet.store.writable import check_output_dir
 from rlfleet.trainer.loop import Batch, train
 from rlfleet.trainer.nll import NLL
 from rlfleet.trainer.parallel import Parallel
@@ -34,7 +37,7 @@ log = logging.getLogger("rlfleet.sft")
 
 def preflight(cfg: SFTConfig) -> None:
     """Model, output dir and every data row are checked before anything is written."""
-    problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_lora(cfg.trainer)
+    problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_lora(cfg.trainer.lora)
     problems += check_data(cfg.data)
     config_json = Path(cfg.model.path) / "config.json"
     if config_json.is_file():
