@@ -4,8 +4,10 @@ import pytest
 
 from rlfleet.config.loader import ConfigError, load, parse_args, to_toml
 from rlfleet.config.models import (
+    EvalJobConfig,
     InferenceJobConfig,
     RLConfig,
+    SFTConfig,
     TrainerJobConfig,
 )
 
@@ -447,3 +449,85 @@ def test_a_token_budget_or_a_row_too_big_for_the_gpu_is_refused_naming_the_field
         _resolved(_gpu_job(tmp_path, *big), gpu_bytes=200 << 30)
     asleep = _resolved(_gpu_job(tmp_path, *big, "--inference.sleep", "true"), gpu_bytes=200 << 30)
     assert asleep.trainer.micro_batch_tokens == 4 << 20
+
+
+# -- who checks what: a section its own fields, the root what spans sections, preflight the machine --
+@pytest.mark.parametrize("job", [RLConfig, InferenceJobConfig, EvalJobConfig], ids=lambda m: m.__name__)
+def test_a_sections_own_rule_holds_in_every_config_that_has_the_section(job):
+    """The replicas' ports (port + num_replicas - 1) must exist, whichever command runs them."""
+    with pytest.raises(ConfigError, match=r"inference\.port: port \+ num_replicas - 1 \(65535 \+ 2 - 1\)"):
+        load(job, ["--model.path", "m", "--inference.port", "65535", "--inference.num-replicas", "2"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["--orchestrator.seq-len", "256"],
+            "orchestrator.seq_len (256) must be at least inference.max_model_len (512)",
+        ),
+        (
+            [
+                "--deployment.type",
+                "multi_node",
+                "--deployment.gpus-per-node",
+                "3",
+                "--inference.tensor-parallel-size",
+                "2",
+            ],
+            "inference.tensor_parallel_size (2) must divide deployment.gpus_per_node (3)",
+        ),
+        # vLLM sleeps on the GPU the trainer steps on: a CPU trainer, or async steps, cannot share it
+        (
+            ["--inference.sleep", "true", "--deployment.num-inference-gpus", "1"],
+            "inference.sleep: vLLM sleeps",
+        ),
+        (
+            ["--inference.sleep", "true", "--orchestrator.max-async-level", "1"]
+            + ["--deployment.num-inference-gpus", "1", "--deployment.num-train-gpus", "1"],
+            "orchestrator.max_async_level = 0",
+        ),
+        # a section's validator names its own field, shown under the section's path
+        (
+            [
+                "--orchestrator.batch-size",
+                "1",
+                "--orchestrator.env",
+                '[{type = "repeat"}, {type = "repeat", name = "b"}]',
+            ],
+            "orchestrator.env: weights give ['b'] none of batch_size=1 prompts",
+        ),
+        (["--eval.temperature", "0", "--eval.rollouts-per-example", "4"], "eval.temperature: greedy (0)"),
+    ],
+)
+def test_rules_across_sections_fail_at_load_naming_the_fields(argv, expected):
+    with pytest.raises(ConfigError) as ei:
+        load(RLConfig, ["--model.path", "m", *argv])
+    assert expected in str(ei.value)
+
+
+def test_sft_takes_no_inference_gpus():
+    with pytest.raises(ConfigError, match="deployment.num_inference_gpus: SFT runs no inference"):
+        load(
+            SFTConfig, ["--model.path", "m", "--data.path", "d.jsonl", "--deployment.num-inference-gpus", "1"]
+        )
+
+
+def test_placement_needs_the_visible_gpus_only_at_launch(monkeypatch):
+    """One inference and one trainer GPU load anywhere; at launch, inference.sleep needs them to be
+    one GPU (one visible), and too few visible GPUs are refused naming the fields."""
+    from rlfleet.config.placement import check_gpus
+
+    one_each = ["--deployment.num-inference-gpus", "1", "--deployment.num-train-gpus", "1"]
+    cfg = load(RLConfig, ["--model.path", "m", *one_each, "--inference.sleep", "true"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert check_gpus(cfg) == (["0"], ["0"], [])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    inf, train, [problem] = check_gpus(cfg)
+    assert (inf, train) == (["0"], ["1"])
+    assert problem.startswith(
+        "inference.sleep needs vLLM and the trainer on one GPU; they got ['0'] and ['1']"
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    inf, train, [problem] = check_gpus(cfg)
+    assert (inf, train) == ([], []) and "deployment.num_inference_gpus, deployment.num_train_gpus" in problem
