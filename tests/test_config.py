@@ -531,3 +531,15 @@ def test_placement_needs_the_visible_gpus_only_at_launch(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     inf, train, [problem] = check_gpus(cfg)
     assert (inf, train) == ([], []) and "deployment.num_inference_gpus, deployment.num_train_gpus" in problem
+
+
+def test_a_sequence_longer_than_the_models_positions_is_refused_at_launch(tmp_path):
+    from rlfleet.config.model import ModelConfig, check_positions
+
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 512}')
+    model = ModelConfig(path=str(tmp_path))
+    assert check_positions(model, 512, "data.max_seq_len") == []
+    assert check_positions(model, 513, "data.max_seq_len") == [
+        "data.max_seq_len: 513 > the model's 512 positions"
+    ]
+    assert check_positions(ModelConfig(path=str(tmp_path / "none")), 10**6, "data.max_seq_len") == []

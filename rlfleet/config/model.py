@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -53,3 +54,13 @@ def check_model(model: ModelConfig) -> list[str]:
     if not any(p.glob("*.safetensors")):
         missing.append("*.safetensors")
     return [f"model.path: {p} lacks {', '.join(missing)}"] if missing else []
+
+
+def check_positions(model: ModelConfig, tokens: int, field: str) -> list[str]:
+    """`field`'s sequences of `tokens` fit the model's positions (config.json's
+    max_position_embeddings); a model without the key, or not there yet, leaves it to check_model."""
+    try:
+        max_pos = json.loads((Path(model.path) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return []
+    return [f"{field}: {tokens} > the model's {max_pos} positions"] if max_pos and tokens > max_pos else []

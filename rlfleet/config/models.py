@@ -1,9 +1,14 @@
-"""Pydantic models for every rlfleet config.
+"""The root config of each command, composed of sections that live in their own modules.
 
 One RL config (`RLConfig`) resolves into the job configs of its processes (`TrainerJobConfig`,
 `InferenceJobConfig`), which `rlfleet trainer` and `rlfleet inference` also accept on their own;
 the orchestrator runs inside the `rl` flow. Every model forbids unknown keys so a
 typo fails before anything starts, with the field's dotted path in the message.
+
+Who checks what: a section its own fields (its model, in its module); a root the rules that span
+its sections (its validator, one named function each); preflight (runs/configs.py) only what needs
+the machine it launches on, through the launch check of each concept's module (check_model,
+check_ports, check_gpus, ...).
 """
 
 from __future__ import annotations

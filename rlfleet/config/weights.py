@@ -2,7 +2,7 @@
 
 Each transport is one entry here, a config model picked by `transport`: its settings, what the
 config alone tells about it (`check`), where vLLM and the trainer must run for it (`placement`,
-preflight's rule), and where its parts live, imported only by the process that runs each: the
+the launch check config/placement.py's check_gpus runs), and where its parts live, imported only by the process that runs each: the
 trainer's publisher, a vLLM worker's receiver and the controller's rules (rlfleet/weights/). `auto`
 is placed by `placed`. Outside this registry only a transport's own module names it.
 """

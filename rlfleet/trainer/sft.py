@@ -8,17 +8,15 @@ publishes the final weights to `weights/step_N` (an HF directory vLLM and eval l
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer
 
 from rlfleet.config.loader import raise_if
 from rlfleet.config.lora import check_lora
-from rlfleet.config.model import check_model
+from rlfleet.config.model import check_model, check_positions
 from rlfleet.config.models import SFTConfig
 from rlfleet.report import curve_png, mean_or_none, step_progress
 from rlfleet.store import RunStore, layout, run_store
@@ -38,12 +36,7 @@ log = logging.getLogger("rlfleet.sft")
 def preflight(cfg: SFTConfig) -> None:
     """Model, output dir and every data row are checked before anything is written."""
     problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_lora(cfg.trainer.lora)
-    problems += check_data(cfg.data)
-    config_json = Path(cfg.model.path) / "config.json"
-    if config_json.is_file():
-        max_pos = json.loads(config_json.read_text()).get("max_position_embeddings")
-        if max_pos and cfg.data.max_seq_len > max_pos:
-            problems.append(f"data.max_seq_len: {cfg.data.max_seq_len} > the model's {max_pos} positions")
+    problems += check_data(cfg.data) + check_positions(cfg.model, cfg.data.max_seq_len, "data.max_seq_len")
     raise_if(problems)
 
 
