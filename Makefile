@@ -47,8 +47,12 @@ run: $(STAMP) models/tiny/config.json
 slurm:
 	bash scripts/install-slurm.sh
 
+# Two workers: one test mostly waits on a subprocess starting (vLLM, Prefect, a trainer), so on 2
+# cores one worker kept about one core busy. Tests that share a SLURM cluster or the SmolLM2 build
+# run on one worker (tests/conftest.py: SHARED_ONCE).
+TEST_WORKERS ?= 2
 test: $(STAMP) slurm docs-build
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 # The docs site: its configuration reference is written from the pydantic models at build time
 # (scripts/config_reference.py, a mkdocs hook); --strict fails on a broken link or a config field without a description.

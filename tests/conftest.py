@@ -117,3 +117,16 @@ def slurm(tmp_path_factory):
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = old
+
+
+# What one test session may hold only once per machine, or builds once and shares: under
+# `pytest -n N --dist loadgroup` (make test) the tests that use it run on one worker.
+SHARED_ONCE = {"slurm": "slurm", "smollm2": "smollm2"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, group in SHARED_ONCE.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
