@@ -22,6 +22,7 @@ from rlfleet.config.deployment import (
     check_slurm_fit,
 )
 from rlfleet.config.dtypes import Dtype
+from rlfleet.config.faults import FaultsConfig
 from rlfleet.config.lora import LoraConfig
 from rlfleet.config.loss import WithLoss
 from rlfleet.config.rollouts import EvalConfig, OrchestratorConfig
@@ -300,6 +301,7 @@ class RLConfig(_FlowRunBase, WithLoss):
     )
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    faults: FaultsConfig = Field(default_factory=FaultsConfig, description="The stall watchdog.")
 
     @model_validator(mode="after")
     def _consistent(self) -> RLConfig:
@@ -332,6 +334,7 @@ class RLConfig(_FlowRunBase, WithLoss):
         if i.port + i.num_replicas - 1 > 65535:
             raise ValueError("inference.port: port + num_replicas - 1 exceeds 65535")
         self.weights.check(d, i.urls)
+        self.faults.check(o.env)
         if i.sleep and (o.max_async_level or d.type != "single_node" or d.num_inference_gpus != 1):
             raise ValueError(
                 "inference.sleep: vLLM sleeps while the trainer steps on the GPU they share, so it needs "
