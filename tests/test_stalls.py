@@ -54,7 +54,9 @@ def test_a_load_that_never_returns_blames_its_replica():
     assert (d.culprit, d.replicas) == ("replica", [1])
     assert "has not finished loading the weights of step 6 for 30 s" in d.why
     assert d.chain[0] == "broadcast-6 waits for step 6's weights to load (30 s)"
-    assert any(line.startswith("replica 1 (http://127.0.0.1:8001): loading step 6 for 30 s") for line in d.chain)
+    assert any(
+        line.startswith("replica 1 (http://127.0.0.1:8001): loading step 6 for 30 s") for line in d.chain
+    )
 
 
 def test_a_trainer_step_that_never_comes_blames_the_trainer_unless_it_is_loading():
@@ -82,7 +84,10 @@ def test_a_silent_replica_with_requests_in_flight_is_blamed_alone():
     d = diagnose(state(p))
     assert (d.culprit, d.replicas) == ("replica", [0])
     assert d.why == "replica 0 has requests in flight and no token for 35 s"
-    assert "the rollout stream: step 7 takes 12 groups: 3 finished, 0 in flight (weights served: step 5)" in d.chain
+    assert (
+        "the rollout stream: step 7 takes 12 groups: 3 finished, 0 in flight (weights served: step 5)"
+        in d.chain
+    )
 
 
 def test_groups_in_flight_without_requests_are_the_controllers():
@@ -164,3 +169,17 @@ def test_watchdog_dumps_every_process_relaunches_then_fails_when_nothing_moved(t
     dump = (where / f"trainer.guard.{frozen.pid}.txt").read_text()
     assert "hang_in_a_step" in dump and "(stopped)" in dump.splitlines()[0]  # py-spy read the frozen one
     assert "test_watchdog_dumps_every_process" in (where / "controller.txt").read_text()
+
+
+def test_preflight_keeps_the_watchdog_behind_user_code_timeouts_and_zero_turns_it_off(tmp_path):
+    from rlfleet.config.models import RLConfig
+
+    env = {"type": "python", "args": {"dataset": "d.jsonl", "rewards": ["t.py:f"], "reward_timeout_s": 30}}
+    base = {"model": {"path": "m"}, "orchestrator": {"env": [env]}}
+    with pytest.raises(
+        ValueError, match=r"faults.stall_timeout_s \(20\) must exceed .*python.reward_timeout_s = 30"
+    ):
+        RLConfig.model_validate({**base, "faults": {"stall_timeout_s": 20}})
+    assert RLConfig.model_validate({**base, "faults": {"stall_timeout_s": 31}}).faults.enabled
+    for off in (0, None):
+        assert not RLConfig.model_validate({**base, "faults": {"stall_timeout_s": off}}).faults.enabled

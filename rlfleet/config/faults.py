@@ -49,12 +49,14 @@ class FaultsConfig(Strict):
         a reward function that hangs costs its timeout and a reward of 0, never a stall."""
         if not self.stall_timeout_s:
             return
-        bounds = {
-            f"{env_name(e)}.{k}": v
-            for e in envs
-            for k in ("reward_timeout_s", "tool_timeout_s")
-            if (v := getattr(getattr(e, "args", None), k, None)) is not None
-        }
+        bounds = {}
+        for e in envs:
+            args = getattr(e, "args", None)
+            calls_tools = bool(getattr(args, "tools", None) or getattr(args, "env_response", None))
+            for k in ("reward_timeout_s", "tool_timeout_s"):
+                v = getattr(args, k, None)
+                if v is not None and (k == "reward_timeout_s" or calls_tools or e.type == "verifiers"):
+                    bounds[f"{env_name(e)}.{k}"] = v
         if bounds and self.stall_timeout_s <= max(bounds.values()):
             field, v = max(bounds.items(), key=lambda kv: kv[1])
             raise ValueError(
