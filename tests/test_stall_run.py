@@ -34,18 +34,20 @@ def slow(completion, info):
 
 
 class FreezeWhen(threading.Thread):
-    """Once `trigger` exists, SIGSTOP the processes `victims()` names (never continued: the
-    watchdog must find them); remember when and which."""
+    """Once `trigger` exists (and `ready()`), SIGSTOP the processes `victims()` names (never
+    continued: the watchdog must find them); remember when and which."""
 
-    def __init__(self, trigger: Path, victims: Callable[[], list[int]]):
+    def __init__(
+        self, trigger: Path, victims: Callable[[], list[int]], ready: Callable[[], bool] = lambda: True
+    ):
         super().__init__(daemon=True)
-        self.trigger, self.victims = trigger, victims
+        self.trigger, self.victims, self.ready = trigger, victims, ready
         self.frozen: list[int] = []
         self.at: float | None = None
 
     def run(self) -> None:
         deadline = time.monotonic() + 600
-        while not self.trigger.exists() and time.monotonic() < deadline:
+        while not (self.trigger.exists() and self.ready()) and time.monotonic() < deadline:
             time.sleep(0.02)
         for pid in self.victims():
             os.kill(pid, signal.SIGSTOP)
@@ -144,3 +146,32 @@ shuffle = false
     assert len(found) == 2 and any("relaunch trainer" in a.data for a in found)
     retried = {r.name for r in task_runs(state.state_details.flow_run_id) if r.run_count > 1}
     assert retried & {"broadcast_weights-0", "train-2", "train-3"}, retried
+
+
+def test_a_frozen_replica_fails_the_run_with_the_diagnosis(tiny_model, prefect_api, tmp_path):
+    """(a) with `on_stall = "fail"`: the replica's engine core is frozen as soon as it serves (its
+    API server still answers /health), so step 0's requests never get a token."""
+    from rlfleet.flows.rl import rl
+
+    out = tmp_path / "run"
+    overrides = {"faults.stall-timeout-s": "10", "faults.on-stall": "fail"}
+    cfg = rl_config(tiny_model, out, max_steps=2, **overrides)
+    log = out / "logs/inference/replica_0.log"
+    freeze = FreezeWhen(
+        log, lambda: engine_core(out), lambda: "Application startup complete" in log.read_text()
+    )
+    freeze.start()
+    state = rl(config=cfg, return_state=True)
+    assert state.is_failed(), state
+    assert freeze.frozen
+
+    (stall,) = (out / "stalls").iterdir()
+    summary = (stall / "summary.txt").read_text()
+    assert "stuck: replica: replica 0 has requests in flight and no token yet" in summary
+    assert f"engine_core {freeze.frozen[0]} stopped" in summary
+    assert "action: fail the run (faults.on_stall = fail)" in summary
+    assert (stall / f"replica_0.engine_core.{freeze.frozen[0]}.txt").is_file()
+    # the flow run failed with the diagnosis, from rollout-0 (not retried: a StallError is deterministic)
+    assert "replica 0 has requests in flight and no token yet" in state.message
+    assert not (out / "rollouts/step_0/manifest.json").exists()
+    assert_no_process_left(out)
