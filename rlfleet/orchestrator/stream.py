@@ -178,7 +178,9 @@ class RolloutStream:
     async def _main(self) -> None:
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
         tok = await asyncio.to_thread(load_tokenizer, self.model_path)
-        sampler = Sampler(self.replicas, self.cfg.temperature, self.cfg.stall_timeout_s, progress=self.progress)
+        sampler = Sampler(
+            self.replicas, self.cfg.temperature, self.cfg.stall_timeout_s, progress=self.progress
+        )
         tasks: dict[asyncio.Task, int] = {}  # groups in flight: the weights each started on
         try:
             while not self._stop.is_set():
