@@ -140,7 +140,7 @@ class FakeSampling:
         from rlfleet.orchestrator import stream as module
 
         class NoSampler:
-            def __init__(self, *args: Any):
+            def __init__(self, *args: Any, **kwargs: Any):
                 pass
 
             async def aclose(self) -> None:

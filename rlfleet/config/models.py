@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 from rlfleet.config.advantage import AdvantageConfig
 from rlfleet.config.base import NonEmptyStr, Strict
 from rlfleet.config.deployment import Deployment, DeploymentConfig, SlurmConfig, check_slurm_fit
+from rlfleet.config.faults import FaultsConfig
 from rlfleet.config.inference import InferenceConfig
 from rlfleet.config.loss import WithLoss
 from rlfleet.config.model import ModelConfig
@@ -147,6 +148,7 @@ class RLConfig(_FlowRunBase, WithLoss):
     )
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    faults: FaultsConfig = Field(default_factory=FaultsConfig, description="The stall watchdog.")
 
     @model_validator(mode="after")
     def _sections_agree(self) -> RLConfig:
@@ -157,6 +159,7 @@ class RLConfig(_FlowRunBase, WithLoss):
         replicas_fit_gpus(d, i)
         self.weights.check(d, i.urls)
         sleep_fits(i, o, d)
+        self.faults.check(o.env)
         return self
 
     def trainer_job(self, gpu_ids: list[str] | None = None) -> TrainerJobConfig:

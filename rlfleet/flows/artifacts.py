@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
+from rlfleet.runs.stalls import Stall
 from rlfleet.store import RunStore, layout
 from rlfleet.store.records import StepRecord, read_metrics
 
@@ -61,3 +64,29 @@ def publish_summary(store: RunStore, name: str, summary: dict[str, Any]) -> None
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
+
+
+def stall_reporter(name: str) -> Callable[[Stall], None]:
+    """The stall watchdog's callback (runs/stalls.py, called on its thread in the flow run's
+    context): an ERROR line in the flow run's log and the `<run>-stall` artifact."""
+
+    def report(stall: Stall) -> None:
+        get_run_logger().error(
+            "run stalled: %s; %s; dumps and summary.txt in %s", stall["why"], stall["action"], stall["path"]
+        )
+        create_markdown_artifact(
+            key=artifact_key(name, "stall"),
+            markdown=stall_markdown(name, stall),
+            description=f"rl run {name} stalled at {stall['at']}: who waits for whom",
+        )
+
+    return report
+
+
+def stall_markdown(name: str, stall: Stall) -> str:
+    return (
+        f"# rl run `{name}` stalled ({stall['at']})\n\n"
+        f"**Stuck:** {stall['culprit']}: {stall['why']}\n\n**Action:** {stall['action']}\n\n"
+        f"## summary.txt\n```text\n{stall['summary']}```\n\n"
+        f"py-spy dumps of every process of the run: `{stall['path']}`\n"
+    )

@@ -29,7 +29,7 @@ from prefect.utilities.annotations import quote
 
 from rlfleet.config.envs import env_name
 from rlfleet.config.models import RLConfig
-from rlfleet.flows.artifacts import publish_summary
+from rlfleet.flows.artifacts import publish_summary, stall_reporter
 from rlfleet.flows.monitor import LiveArtifacts
 from rlfleet.orchestrator.rollout import load_tokenizer
 from rlfleet.report import WandbSink, step_progress, wandb_metrics, write_report
@@ -121,6 +121,7 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
             launched.result()  # raises if the replicas did not start
             after = [edge(launched)]
             run.start_stream(cfg, store, start)
+            run.watch_stalls(cfg, store, stall_reporter(cfg.name))  # [faults]: runs/stalls.py
             warm.result()
             if start == 0 and cfg.eval.interval and cfg.eval.before_training:
                 base = evaluate_policy.with_options(

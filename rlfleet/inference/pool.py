@@ -29,6 +29,7 @@ from rlfleet.inference.server import (
 )
 from rlfleet.net import tls
 from rlfleet.procs import wait_until
+from rlfleet.runs.progress import Progress
 from rlfleet.store import run_store
 from rlfleet.weights.client import load
 from rlfleet.weights.controller import make_controller
@@ -60,6 +61,7 @@ class InferencePool:
         self.lock = threading.RLock()
         self._watcher: threading.Thread | None = None
         self._stop = threading.Event()
+        self.progress = Progress()  # the run's, once a RunHandles adopts the pool (runs/progress.py)
 
     @property
     def urls(self) -> list[str]:
@@ -121,12 +123,14 @@ class InferencePool:
         """
         if self.closed:
             raise DeterministicError("the inference pool was shut down")
+        self.progress.check()  # a stall failed the run: relaunch nothing
         if self.cfg.inference.urls:
             return self._external()
         if self.starting:
             self.starting = False
             try:
-                wait_ready(self.cfg, self.replicas)
+                with self.progress.starting_up("vLLM replicas"):
+                    wait_ready(self.cfg, self.replicas)
             except BaseException:
                 self.replicas = []  # stopped by wait_ready
                 raise
@@ -140,8 +144,9 @@ class InferencePool:
                 {"replica": r.index, "exit_code": r.process.returncode(), "weights": self.policy_step}
                 for r in dead
             ]
-            stop_replicas(self.replicas)
-            self.replicas = launch_replicas(self.cfg, self.weights_path)
+            with self.progress.starting_up("vLLM replicas"):
+                stop_replicas(self.replicas)
+                self.replicas = launch_replicas(self.cfg, self.weights_path)
             self.versions = {}
             self.asleep = False
             self.unsynced = self.ticket is not None
@@ -177,7 +182,8 @@ class InferencePool:
     def broadcast(self, ticket: dict[str, Any]) -> dict[str, Any]:
         """Load a weights ticket (rlfleet/weights) on every replica at once, requests in flight
         paused in place; a small manifest back."""
-        with self.lock:
+        step = ticket["step"]
+        with self.progress.waiting(f"broadcast-{step}", f"step {step}'s weights to load"), self.lock:
             return self._broadcast(ticket)
 
     def _broadcast(self, ticket: dict[str, Any]) -> dict[str, Any]:
@@ -234,7 +240,8 @@ class InferencePool:
             def loaded() -> None:
                 self.versions[url] = ticket["step"]
 
-            return load(url, ticket, 1 + i * tp, w.timeout_s, w.in_flight_kv, loaded)
+            with self.progress.loading(url, ticket["step"]):
+                return load(url, ticket, 1 + i * tp, w.timeout_s, w.in_flight_kv, loaded)
 
         with ThreadPoolExecutor(max(len(urls), 1)) as ex:
             return list(ex.map(one, range(len(urls)), urls))

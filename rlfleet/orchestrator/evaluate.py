@@ -19,6 +19,7 @@ from rlfleet.orchestrator.envs import build_env
 from rlfleet.orchestrator.generate import SamplingParams, generate, raise_if_none_scored
 from rlfleet.orchestrator.rollout import load_tokenizer
 from rlfleet.orchestrator.sampler import Replicas
+from rlfleet.runs.progress import Progress
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -26,7 +27,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 if n - c < k else 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def evaluate(replicas: Replicas, tokenizer_path: str, cfg: EvalConfig, max_model_len: int) -> dict[str, Any]:
+def evaluate(
+    replicas: Replicas,
+    tokenizer_path: str,
+    cfg: EvalConfig,
+    max_model_len: int,
+    progress: Progress | None = None,  # a run's: its stall watchdog sees the eval's tokens
+) -> dict[str, Any]:
     tok = load_tokenizer(tokenizer_path)
     per_env = []
     for env_cfg in cfg.env:
@@ -34,7 +41,7 @@ def evaluate(replicas: Replicas, tokenizer_path: str, cfg: EvalConfig, max_model
         n = env_cfg.rollouts_per_example or cfg.rollouts_per_example
         examples = env.eval_examples(env_cfg.num_examples or cfg.num_examples)
         params = SamplingParams(n, cfg.max_tokens, cfg.temperature, cfg.stall_timeout_s, max_model_len)
-        groups = generate(env, examples, params, tok, replicas)
+        groups = generate(env, examples, params, tok, replicas, progress)
         raise_if_none_scored([t.error for g in groups for t in g])
         rewards = [t.reward for g in groups for t in g]
         passes = [sum(t.reward >= 1.0 for t in g) for g in groups]

@@ -19,6 +19,7 @@ from rlfleet.chat import continuation_ids, parse_assistant, prompt_ids
 from rlfleet.errors import DeterministicError
 from rlfleet.orchestrator.envs.base import Environment, Example, RewardError, Trajectory
 from rlfleet.orchestrator.sampler import Replicas, Sample, Sampler
+from rlfleet.runs.progress import Progress
 from rlfleet.usercode import describe
 
 if TYPE_CHECKING:
@@ -101,11 +102,12 @@ def generate(
     params: SamplingParams,
     tok: PreTrainedTokenizerBase,
     replicas: Replicas,
+    progress: Progress | None = None,  # a run's (an eval between steps is progress to the watchdog)
 ) -> list[list[Trajectory]]:
     """`params.n` scored trajectories per example, grouped by example, all in flight at once."""
 
     async def run() -> list[list[Trajectory]]:
-        sampler = Sampler(replicas, params.temperature, params.stall_timeout_s)
+        sampler = Sampler(replicas, params.temperature, params.stall_timeout_s, progress=progress)
         try:
             return list(
                 await asyncio.gather(*(rollout_group(env, ex, params, tok, sampler) for ex in examples))

@@ -33,6 +33,7 @@ import httpx
 
 from rlfleet.errors import DeterministicError, TransientError
 from rlfleet.net import tls
+from rlfleet.runs.progress import Progress
 
 log = logging.getLogger("rlfleet.orchestrator")
 
@@ -99,8 +100,10 @@ class Sampler:
         stall_timeout_s: float,
         attempts: int = 3,
         extra_params: dict | None = None,  # more sampling params (benchmarks: ignore_eos)
+        progress: Progress | None = None,  # the run's, for the stall watchdog (runs/progress.py)
     ):
         self.replicas = replicas
+        self.progress = progress or Progress()
         self.extra_params = extra_params or {}
         self.temperature = temperature
         self.stall_timeout_s = stall_timeout_s
@@ -197,6 +200,7 @@ class Sampler:
         seen = [self.replicas.version(url)] * len(out)  # per choice: weights since its last chunk
         timeout = httpx.Timeout(30.0, read=self.stall_timeout_s)
         self.in_flight[url] += 1
+        self.progress.requests[url] += 1
         client = self._client()
         self._streams[client] += 1
         try:
@@ -214,12 +218,14 @@ class Sampler:
                     chunk = json.loads(line[6:])
                     if "error" in chunk:
                         raise SamplingError(f"{url}: {chunk['error']}")
+                    self.progress.token(url)
                     for c in chunk["choices"]:
                         i = c["index"]
                         _add(out[i], c, seen[i], url)
                         seen[i] = self.replicas.version(url)
         finally:
             self.in_flight[url] -= 1
+            self.progress.requests[url] -= 1
             self._streams[client] -= 1
         if unfinished := sum(not s.finish_reason for s in out):
             raise SamplingError(f"{url}: the stream ended with {unfinished} of {len(out)} samples unfinished")

@@ -38,6 +38,7 @@ from rlfleet.orchestrator.rollout import (
 )
 from rlfleet.orchestrator.sampler import Replicas, Sampler
 from rlfleet.orchestrator.shaping import shape_overlong, step_shaping
+from rlfleet.runs.progress import Progress
 from rlfleet.store import RunStore, layout
 
 log = logging.getLogger("rlfleet.orchestrator")
@@ -58,7 +59,9 @@ class RolloutStream:
         max_model_len: int,
         next_step: int,
         max_steps: int | None = None,  # no groups for steps from it on (None: no last step)
+        progress: Progress | None = None,  # the run's, for the stall watchdog (runs/progress.py)
     ):
+        self.progress = progress or Progress()
         self.cfg, self.store, self.replicas, self.served, self.seed = cfg, store, replicas, served, seed
         self.model_path = model_path
         self.params = SamplingParams(
@@ -120,6 +123,7 @@ class RolloutStream:
                     raise error
                 if self._stop.is_set():
                     raise TransientError("the rollout stream was stopped")
+                self.progress.check()  # a stall that fails the run
                 self._cond.wait(timeout=1.0)
         waited = time.perf_counter() - t0
         self.notify()
@@ -174,7 +178,9 @@ class RolloutStream:
     async def _main(self) -> None:
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
         tok = await asyncio.to_thread(load_tokenizer, self.model_path)
-        sampler = Sampler(self.replicas, self.cfg.temperature, self.cfg.stall_timeout_s)
+        sampler = Sampler(
+            self.replicas, self.cfg.temperature, self.cfg.stall_timeout_s, progress=self.progress
+        )
         tasks: dict[asyncio.Task, int] = {}  # groups in flight: the weights each started on
         try:
             while not self._stop.is_set():

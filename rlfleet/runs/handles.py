@@ -11,15 +11,20 @@ temporary server and the flow (`vllm_started_early`); the flow's `RunHandles` ad
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from rlfleet.config.models import RLConfig
 from rlfleet.inference.pool import InferencePool
 from rlfleet.orchestrator.stream import RolloutStream
+from rlfleet.procs import kill_group
 from rlfleet.runs.configs import resolve, write_configs
+from rlfleet.runs.dumps import processes
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
+from rlfleet.runs.progress import Progress
+from rlfleet.runs.stalls import Stall, StallWatchdog
+from rlfleet.runs.waits import Diagnosis, ReplicaState, RunState, StreamState, replica_party
 from rlfleet.store import RunDir, RunStore, run_store
 from rlfleet.trainer.launch import ExternalTrainer, TrainerProcess
 from rlfleet.trainer.resume import pristine
@@ -37,6 +42,9 @@ class RunHandles:
         self.pool = pool
         self.trainer = trainer
         self.stream: RolloutStream | None = None
+        # what moved last, for the stall watchdog: the parties update one tracker
+        self.progress = pool.progress = trainer.progress = Progress()
+        self.watchdog: StallWatchdog | None = None
 
     @classmethod
     def for_run(cls, cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> RunHandles:
@@ -73,12 +81,69 @@ class RunHandles:
             cfg.inference.max_model_len,
             next_step,
             cfg.max_steps,
+            self.progress,
         ).start()
         return self.stream
 
+    def watch_stalls(self, cfg: RLConfig, store: RunStore, on_stall: Callable[[Stall], None]) -> None:
+        """Start the stall watchdog (`[faults]`, runs/stalls.py), unless it is disabled."""
+        if cfg.faults.enabled:
+            self.watchdog = StallWatchdog(cfg.faults, self.progress, store, self, on_stall).start()
+
+    # -- what the watchdog sees and does (runs/stalls.RunView) --------------------------------
+    def starting(self) -> bool:
+        store = run_store(self.trainer.cfg.output_dir)
+        return bool(self.progress.starting) or self.pool.starting or self.trainer.starting(store)
+
+    def run_state(self, timeout_s: float) -> RunState:
+        replicas: list[ReplicaState] = [
+            {"index": r.index, "url": r.url, "pid": r.process.pid} for r in list(self.pool.replicas)
+        ]
+        p = self.trainer.process
+        trainer_pid = p.pid if p is not None and p.alive() else None
+        roots = {replica_party(r["index"]): r["pid"] for r in replicas} | {"trainer": trainer_pid}
+        stream: StreamState | None = None
+        if self.stream is not None:
+            books = self.stream.buffer  # read without its lock: a diagnosis needs no exact cut
+            stream = {
+                "next_step": books.taken,
+                "batch_size": self.stream.cfg.batch_size,
+                "ready": len(books.ready),
+                "in_flight": sum(books.in_flight.values()),
+                "served": self.served,
+            }
+        return {
+            "timeout_s": timeout_s,
+            "progress": self.progress.snapshot(),
+            "replicas": replicas,
+            "trainer": {
+                "pid": trainer_pid,
+                "starting": self.trainer.starting(run_store(self.trainer.cfg.output_dir)),
+            },
+            "stream": stream,
+            "processes": processes(roots),
+        }
+
+    def relaunch(self, d: Diagnosis) -> str | None:
+        """Kill the stuck part: the pool relaunches a dead replica, the `train` task's retry a dead
+        trainer. SLURM's trainer ranks are not this controller's to kill."""
+        if d.culprit == "replica":
+            victims = [r for r in list(self.pool.replicas) if r.index in d.replicas]
+            for r in victims:
+                kill_group(r.process.pid, grace_s=1.0)  # SIGKILL reaches a frozen process too
+            return f"killed replica {', '.join(str(r.index) for r in victims)}" if victims else None
+        p = self.trainer.process
+        if d.culprit == "trainer" and not isinstance(self.trainer, ExternalTrainer) and p is not None:
+            kill_group(p.pid, grace_s=1.0)
+            return "killed the trainer"
+        return None
+
     def stop_sampling(self) -> None:
         """The stream first (a rollout waiting for its groups fails fast), then the replicas (a
-        rollout still in flight cannot relaunch them)."""
+        rollout still in flight cannot relaunch them). The stall watchdog before either: their
+        stop is no stall."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.stream is not None:
             self.stream.stop()
         self.pool.shutdown()

@@ -35,6 +35,8 @@ LOGS = "logs"  # a remote store's copy of this machine's `RunDir.logs` (runs/log
 PREFECT_RESULTS = "prefect/results"  # persisted task results (tasks/storage.py)
 RECOVERIES = "run/recoveries.json"  # relaunches and resent samples (flows/monitor.py)
 TRAINER_ERROR = "run/trainer_error.json"  # a dying trainer's cause (trainer/loop.py)
+TRAINER_UP = "run/trainer_up.json"  # a trainer has its model and waits for batches (trainer/loop.py)
+STALLS = "stalls"  # `stalls/<time>/`: py-spy dumps and summary.txt of a stalled run (runs/stalls.py)
 WEIGHTS_SERVED = "run/weights_served.json"  # the step every replica holds (weights/tickets.py)
 REGROUP = "sync/regroup.json"  # the controller asks for a new nccl group
 REGROUPED = "sync/regrouped.json"  # the trainer's answer
@@ -83,6 +85,16 @@ def eval_record(step: int | None) -> str:
 def config(name: str) -> str:
     """The resolved config `name` (rl, trainer, inference, sft) as `configs/<name>.toml`."""
     return f"configs/{name}.toml"
+
+
+def stall_dir(at: str) -> str:
+    """`stalls/<at>/` (`at` a UTC time such as 20261127T101530.042Z): one stall's dumps and summary."""
+    return f"{STALLS}/{at}"
+
+
+def stall_dump(at: str, name: str) -> str:
+    """A process's py-spy dump in a stall's directory (`name`: replica_0.api_server.1234, ...)."""
+    return f"{stall_dir(at)}/{name}.txt"
 
 
 def sbatch_script(command: str) -> str:

@@ -67,5 +67,5 @@ def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
 def evaluate_policy(cfg: RLConfig, step: int | None, run: RunHandles) -> dict[str, Any]:
     """Evaluate the weights of `step` on the run's own servers (called right after their broadcast);
     step None: the starting weights, before step 0 (`eval.before_training`)."""
-    result = evaluate(run.pool, cfg.model.path, cfg.eval, cfg.inference.max_model_len)
+    result = evaluate(run.pool, cfg.model.path, cfg.eval, cfg.inference.max_model_len, run.progress)
     return eval_record(run_store(cfg.output_dir), step, result, "rl")

@@ -10,8 +10,9 @@ from typing import Any
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import DeterministicError, TransientError
 from rlfleet.procs import RANK_LOGS, ManagedProcess, python_module_cmd, wait_until
+from rlfleet.runs.progress import Progress
 from rlfleet.store import RunDir, RunStore, local_dir, run_store
-from rlfleet.store.layout import rank_log
+from rlfleet.store.layout import TRAINER_UP, rank_log
 from rlfleet.store.records import TrainerMetrics, read_metrics
 from rlfleet.trainer.files import poll_interval, read_trainer_error
 
@@ -83,16 +84,21 @@ class TrainerProcess:
         self.process: ManagedProcess | None = None
         self.launches = 0
         self.error_before: dict[str, Any] | None = None  # the error file as this launch found it
+        self.launched_at = 0.0  # time.time() of the last launch
+        self.up = False  # the last launch has its model (it wrote TRAINER_UP)
+        self.progress = Progress()  # the run's, once a RunHandles adopts the trainer (runs/progress.py)
 
     def ensure(self) -> int | None:
         """Start the trainer if it is not running; a fresh one resumes from the latest checkpoint.
         Returns the exit code of the trainer it replaces (a relaunch), else None."""
         if self.process is not None and self.process.alive():
             return None
+        self.progress.check()  # a stall failed the run: relaunch nothing
         died = None if self.process is None else self.process.returncode()
         here = RunDir(local_dir(self.cfg.output_dir))  # logs and pidfiles stay on this machine
         env = {"CUDA_VISIBLE_DEVICES": ",".join(self.cfg.gpu_ids)} if self.cfg.gpu_ids else {}
         self.launches += 1
+        self.launched_at, self.up = time.time(), False
         self.error_before = read_trainer_error(run_store(self.cfg.output_dir))
         args = ["trainer", "@", str(self.config_path)]
         n = len(self.cfg.gpu_ids)
@@ -113,15 +119,27 @@ class TrainerProcess:
         unless the trainer recorded an error that will recur (DeterministicError, no retry).
         """
         start = time.monotonic()
-        metrics = wait_until(
-            lambda: read_metrics(store, step),
-            timeout_s,
-            poll_interval(store, self.cfg.trainer.poll_interval_s),
-            abort=lambda: self.failure(store, step),
-            on_timeout=lambda: TimeoutError(f"trainer step {step} not done after {timeout_s:.0f}s"),
-        )
+        with self.progress.waiting(f"train-{step}", f"the trainer's step {step}"):
+            metrics = wait_until(
+                lambda: read_metrics(store, step),
+                timeout_s,
+                poll_interval(store, self.cfg.trainer.poll_interval_s),
+                abort=lambda: self.progress.stall or self.failure(store, step),
+                on_timeout=lambda: TimeoutError(f"trainer step {step} not done after {timeout_s:.0f}s"),
+            )
+        self.progress.trainer_stepped(step)
         metrics["wait_seconds"] = time.monotonic() - start
         return metrics
+
+    def starting(self, store: RunStore) -> bool:
+        """Whether the trainer this controller launched last is loading its model (it has not
+        written `TRAINER_UP` since): not a stall, however long it takes."""
+        p = self.process
+        if self.up or p is None or not p.alive():
+            return False
+        if store.exists(TRAINER_UP) and store.read_json(TRAINER_UP)["at"] >= self.launched_at:
+            self.up = True
+        return not self.up
 
     def failure(self, store: RunStore, step: int) -> Exception | None:
         p = self.process

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -111,6 +112,8 @@ def train(cfg: TrainerJobConfig, source: Source) -> None:
             warm_up(policy, par),
             ckpt.prepare(),
         )
+        if par.is_main:  # the stall watchdog's sign that the model load is over (runs/stalls.py)
+            store.write_json(layout.TRAINER_UP, {"pid": os.getpid(), "at": time.time(), "step": start})
         for step in range(start, cfg.max_steps):
             ckpt.check()
             batch = source.batch(step)
