@@ -130,12 +130,11 @@ def publish_rollout(
 ) -> RolloutManifest:
     """Publish `rollouts/step_N`: the sample records as one JSONL file, the manifest with `meta`.
 
-    One file: the stream takes a step's groups from every replica at once. It keeps the name of
-    the per-replica shards it replaced (`replica_0.jsonl`), so runs written before read the same.
+    One file (`layout.ROLLOUT_RECORDS`): the stream takes a step's groups from every replica at once.
     """
     rel = layout.step_dir(layout.ROLLOUTS, step)
     stage = store.staging_dir(rel)
-    (stage / layout.rollout_shard(0)).write_text("".join(json.dumps(r) + "\n" for r in records))
+    (stage / layout.ROLLOUT_RECORDS).write_text("".join(json.dumps(r) + "\n" for r in records))
     return store.publish_dir(stage, rel, meta)
 
 

@@ -15,7 +15,9 @@ from pathlib import Path
 MANIFEST = "manifest.json"  # written last: a directory artifact is complete once it exists
 
 # Directory artifacts `<kind>/step_N/`, published whole (`RunStore.publish_dir`).
-ROLLOUTS = "rollouts"  # the step's trajectory records (records.TrajectoryRecord), JSONL per shard
+ROLLOUTS = "rollouts"  # the step's trajectory records (records.TrajectoryRecord), one JSONL
+# that JSONL; it keeps the name of the per-replica shards it replaced, so older runs read the same
+ROLLOUT_RECORDS = "replica_0.jsonl"
 BATCHES = "batches"  # the trainer's micro-batches (rlfleet/microbatches.py)
 WEIGHTS = "weights"  # an HF model directory vLLM reloads (the filesystem transport)
 CHECKPOINTS = "checkpoints"  # trainer state and the HF model (`CHECKPOINT_MODEL`)
@@ -65,11 +67,6 @@ def step_of(name: str, suffix: str = "") -> int | None:
     """N of a name `step_N<suffix>` (a `step_dir`, or with ".json" a `step_json`), else None."""
     n = name[5 : len(name) - len(suffix)] if name.startswith("step_") and name.endswith(suffix) else ""
     return int(n) if n.isdigit() else None
-
-
-def rollout_shard(replica: int) -> str:
-    """A shard of `rollouts/step_N`: one JSONL of trajectory records per replica."""
-    return f"replica_{replica}.jsonl"
 
 
 def micro_batch(k: int) -> str:

@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from rlfleet.config.dtypes import torch_dtype
 from rlfleet.config.models import TrainerJobConfig
-from rlfleet.procs import running, this_process
+from rlfleet.procs import running, this_process, wait_until
 from rlfleet.store import RunStore
 from rlfleet.trainer.hf_export import sent_state
 from rlfleet.trainer.parallel import Parallel
@@ -203,11 +203,13 @@ class NcclPublisher:
     def _await_request(self, error: RuntimeError) -> None:
         """A receiver died: its replica's relaunch brings a regroup request; without one in
         `timeout_s`, the send's error stands."""
-        deadline = time.monotonic() + self.timeout_s
-        while self._request() is None:
-            if time.monotonic() > deadline:
-                raise error
-            time.sleep(0.05)
+        wait_until(
+            lambda: self._request() is not None,
+            self.timeout_s,
+            0.05,
+            "a regroup request",
+            on_timeout=lambda: error,
+        )
 
     def _request(self) -> dict[str, Any] | None:
         """The controller's regroup request, unless it was answered (by this trainer or a dead
