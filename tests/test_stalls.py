@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from rlfleet.config.faults import FaultsConfig
+from rlfleet.progress import Progress, StallError
 from rlfleet.runs.dumps import processes
-from rlfleet.runs.progress import Progress, StallError
 from rlfleet.runs.stalls import StallWatchdog
 from rlfleet.runs.waits import Diagnosis, RunState, diagnose
 from rlfleet.store import RunStore

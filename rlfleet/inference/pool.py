@@ -29,7 +29,7 @@ from rlfleet.inference.server import (
 )
 from rlfleet.net import tls
 from rlfleet.procs import wait_until
-from rlfleet.runs.progress import Progress
+from rlfleet.progress import Progress
 from rlfleet.store import run_store
 from rlfleet.weights.client import load
 from rlfleet.weights.controller import make_controller
@@ -61,7 +61,7 @@ class InferencePool:
         self.lock = threading.RLock()
         self._watcher: threading.Thread | None = None
         self._stop = threading.Event()
-        self.progress = Progress()  # the run's, once a RunHandles adopts the pool (runs/progress.py)
+        self.progress = Progress()  # the run's, once a RunHandles adopts the pool (progress.py)
 
     @property
     def urls(self) -> list[str]:

@@ -19,7 +19,7 @@ from rlfleet.orchestrator.envs import build_env
 from rlfleet.orchestrator.generate import SamplingParams, generate, raise_if_none_scored
 from rlfleet.orchestrator.rollout import load_tokenizer
 from rlfleet.orchestrator.sampler import Replicas
-from rlfleet.runs.progress import Progress
+from rlfleet.progress import Progress
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -19,7 +19,7 @@ from rlfleet.chat import continuation_ids, parse_assistant, prompt_ids
 from rlfleet.errors import DeterministicError
 from rlfleet.orchestrator.envs.base import Environment, Example, RewardError, Trajectory
 from rlfleet.orchestrator.sampler import Replicas, Sample, Sampler
-from rlfleet.runs.progress import Progress
+from rlfleet.progress import Progress
 from rlfleet.usercode import describe
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ import httpx
 
 from rlfleet.errors import DeterministicError, TransientError
 from rlfleet.net import tls
-from rlfleet.runs.progress import Progress
+from rlfleet.progress import Progress
 
 log = logging.getLogger("rlfleet.orchestrator")
 
@@ -100,7 +100,7 @@ class Sampler:
         stall_timeout_s: float,
         attempts: int = 3,
         extra_params: dict | None = None,  # more sampling params (benchmarks: ignore_eos)
-        progress: Progress | None = None,  # the run's, for the stall watchdog (runs/progress.py)
+        progress: Progress | None = None,  # the run's, for the stall watchdog (progress.py)
     ):
         self.replicas = replicas
         self.progress = progress or Progress()

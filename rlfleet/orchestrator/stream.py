@@ -38,7 +38,7 @@ from rlfleet.orchestrator.rollout import (
 )
 from rlfleet.orchestrator.sampler import Replicas, Sampler
 from rlfleet.orchestrator.shaping import shape_overlong, step_shaping
-from rlfleet.runs.progress import Progress
+from rlfleet.progress import Progress
 from rlfleet.store import RunStore, layout
 
 log = logging.getLogger("rlfleet.orchestrator")
@@ -59,7 +59,7 @@ class RolloutStream:
         max_model_len: int,
         next_step: int,
         max_steps: int | None = None,  # no groups for steps from it on (None: no last step)
-        progress: Progress | None = None,  # the run's, for the stall watchdog (runs/progress.py)
+        progress: Progress | None = None,  # the run's, for the stall watchdog (progress.py)
     ):
         self.progress = progress or Progress()
         self.cfg, self.store, self.replicas, self.served, self.seed = cfg, store, replicas, served, seed

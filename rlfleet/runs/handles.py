@@ -19,10 +19,10 @@ from rlfleet.config.models import RLConfig
 from rlfleet.inference.pool import InferencePool
 from rlfleet.orchestrator.stream import RolloutStream
 from rlfleet.procs import kill_group
+from rlfleet.progress import Progress
 from rlfleet.runs.configs import resolve, write_configs
 from rlfleet.runs.dumps import processes
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
-from rlfleet.runs.progress import Progress
 from rlfleet.runs.stalls import Stall, StallWatchdog
 from rlfleet.runs.waits import Diagnosis, ReplicaState, RunState, StreamState, replica_party
 from rlfleet.store import RunDir, RunStore, run_store

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Protocol, TypedDict
 
 from rlfleet.config.faults import FaultsConfig
+from rlfleet.progress import Progress, StallError
 from rlfleet.runs.dumps import RunProcess, dump_all
-from rlfleet.runs.progress import Progress, StallError
 from rlfleet.runs.waits import Diagnosis, RunState, diagnose, summary
 from rlfleet.store import RunStore, layout
 

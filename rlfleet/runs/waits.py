@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, TypedDict
 
+from rlfleet.progress import ProgressSnapshot
 from rlfleet.runs.dumps import RunProcess
-from rlfleet.runs.progress import ProgressSnapshot
 
 
 class ReplicaState(TypedDict):

@@ -10,7 +10,7 @@ from typing import Any
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import DeterministicError, TransientError
 from rlfleet.procs import RANK_LOGS, ManagedProcess, python_module_cmd, wait_until
-from rlfleet.runs.progress import Progress
+from rlfleet.progress import Progress
 from rlfleet.store import RunDir, RunStore, local_dir, run_store
 from rlfleet.store.layout import TRAINER_UP, rank_log
 from rlfleet.store.records import TrainerMetrics, read_metrics
@@ -86,7 +86,7 @@ class TrainerProcess:
         self.error_before: dict[str, Any] | None = None  # the error file as this launch found it
         self.launched_at = 0.0  # time.time() of the last launch
         self.up = False  # the last launch has its model (it wrote TRAINER_UP)
-        self.progress = Progress()  # the run's, once a RunHandles adopts the trainer (runs/progress.py)
+        self.progress = Progress()  # the run's, once a RunHandles adopts the trainer (progress.py)
 
     def ensure(self) -> int | None:
         """Start the trainer if it is not running; a fresh one resumes from the latest checkpoint.
