@@ -125,8 +125,7 @@ def resume(
     partials = PartialLog(store, life, flush_s)
     for p in keep:
         partials.track(p.start(), p.samples, written=False)
-    ends: list[PartialEnd] = [{"group": p.group, "ended": "dropped_stale"} for p in stale]
-    partials.rotate([json.dumps(e) for e in ends])
+    partials.rotate([PartialEnd(group=p.group, ended="dropped_stale") for p in stale])
     for rel in lives:
         store.remove(rel)
     if keep or stale:
@@ -148,7 +147,7 @@ class PartialLog:
     def __init__(self, store: RunStore, life: int, flush_s: float):
         self.store, self.rel, self.life, self.flush_s = store, layout.partials_log(life), life, flush_s
         self._live: dict[str, _Live] = {}
-        self._lines: list[str] = []  # start and end records not written yet
+        self._lines: list[PartialRecord] = []  # start and end records not written yet
         self._bytes = self._base = 0  # the log's size; its first block's
         self._io = threading.Lock()
 
@@ -156,14 +155,13 @@ class PartialLog:
         """A group starts (`written`: its start record goes in the next block)."""
         self._live[start["group"]] = _Live(start, samples)
         if written:
-            self._lines.append(json.dumps(start))
+            self._lines.append(start)
 
     def end(self, group: str, why: str) -> None:
         """A group left the books (finished and its file written, failed, or aborted as stale);
         a stop leaves its groups in the log, for the next life to continue."""
         if self._live.pop(group, None) is not None:
-            end: PartialEnd = {"group": group, "ended": why}
-            self._lines.append(json.dumps(end))
+            self._lines.append(PartialEnd(group=group, ended=why))
 
     async def run(self) -> None:
         while True:
@@ -180,25 +178,25 @@ class PartialLog:
         if lines := self._block():
             self._write(lines, False)
 
-    def rotate(self, lines: list[str]) -> None:
+    def rotate(self, lines: list[PartialRecord]) -> None:
         """Start a new file with every live group from its first token, then `lines`."""
         self._write(self._snapshot() + lines, True)
 
-    def _block(self) -> list[str]:
+    def _block(self) -> list[PartialRecord]:
         lines, self._lines = self._lines, []
         return lines + [line for live in self._live.values() for line in live.block()]
 
-    def _snapshot(self) -> list[str]:
+    def _snapshot(self) -> list[PartialRecord]:
         self._lines = []  # the live groups' starts are in it; the ended ones are absent
-        lines = []
+        lines: list[PartialRecord] = []
         for live in self._live.values():
             live.written = [0] * len(live.samples)
             live.finished = [False] * len(live.samples)
-            lines += [json.dumps(live.start), *live.block()]
+            lines += [live.start, *live.block()]
         return lines
 
-    def _write(self, lines: list[str], rotate: bool) -> None:
-        data = "".join(line + "\n" for line in lines).encode()
+    def _write(self, lines: list[PartialRecord], rotate: bool) -> None:
+        data = "".join(json.dumps(line) + "\n" for line in lines).encode()  # off the loop's thread
         with self._io:
             if not rotate:
                 self.store.append_bytes(self.rel, data)
@@ -227,13 +225,14 @@ class _Live:
         self.written = [0] * len(self.samples)
         self.finished = [False] * len(self.samples)
 
-    def block(self) -> list[str]:
-        """A record per sample with tokens (or a finish) not written yet."""
-        lines = []
+    def block(self) -> list[PartialRecord]:
+        """A record per sample with tokens (or a finish) not written yet (slices: the samples
+        grow on while the writer encodes them)."""
+        lines: list[PartialRecord] = []
         for i, s in enumerate(self.samples):
             n, at = len(s.completion_ids), self.written[i]
             if n > at or (s.finish_reason and not self.finished[i]):
-                lines.append(json.dumps(_tokens(sample_id(self.start["group"], i), s, at, n)))
+                lines.append(_tokens(sample_id(self.start["group"], i), s, at, n))
                 self.written[i], self.finished[i] = n, bool(s.finish_reason)
         return lines
 
