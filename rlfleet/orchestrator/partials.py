@@ -71,7 +71,11 @@ def read_partials(store: RunStore) -> dict[str, Partial]:
     life's copy overlaps the log it replaced with the same tokens; a torn last line is skipped)."""
     groups: dict[str, Partial] = {}
     for rel in logs(store):
-        for line in store.read_bytes(rel).splitlines():
+        try:
+            data = store.read_bytes(rel)
+        except FileNotFoundError:  # rotated away since the listing (a reader beside a live stream)
+            continue
+        for line in data.splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
