@@ -99,6 +99,14 @@ def test_preflight_rejects_bad_remote_output_dirs(s3_env):
     assert SECRET not in msg
 
 
+def test_a_log_is_appended_to_on_s3(s3_env):
+    """The rollout stream's log of its samples in flight (orchestrator/partials.py) appends."""
+    store = RunStore(f"s3://{s3_env}/run")
+    store.append_bytes("buffer/partials/00000000.jsonl", b'{"a": 1}\n')
+    store.append_bytes("buffer/partials/00000000.jsonl", b'{"b": 2}\n')
+    assert store.read_bytes("buffer/partials/00000000.jsonl") == b'{"a": 1}\n{"b": 2}\n'
+
+
 def test_multipart_publish_manifest_and_verified_stage(s3_env, tmp_path):
     store = RunStore(f"s3://{s3_env}/run", part_size=5 * MiB)
     big = os.urandom(11 * MiB)  # 3 parts

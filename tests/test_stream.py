@@ -151,7 +151,9 @@ class FakeSampling:
         monkeypatch.setattr(module, "rollout_group", self.rollout_group)
         self.script, self.version, self.started = script, -1, []
 
-    async def rollout_group(self, env: Any, example: Any, params: Any, tok: Any, sampler: Any) -> list:
+    async def rollout_group(
+        self, env: Any, example: Any, params: Any, tok: Any, sampler: Any, first: Any = None
+    ) -> list:
         from rlfleet.orchestrator.envs import Trajectory
 
         self.started.append(f"{env.name}/{example.uid}")

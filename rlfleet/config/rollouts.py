@@ -58,6 +58,12 @@ class OrchestratorConfig(Strict):
         description="A request fails when no token arrives for this long (a replica hung); a long generation "
         "that makes progress never does.",
     )
+    partials_flush_s: float = Field(
+        1.0,
+        gt=0,
+        description="How often the tokens of the samples in flight are appended to the run store "
+        "(buffer/partials/), so that a controller killed mid-step continues them from their tokens.",
+    )
     shaping: ShapingConfig = Field(default_factory=ShapingConfig, description="Batch shaping (DAPO).")
 
     @property

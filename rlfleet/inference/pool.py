@@ -23,6 +23,7 @@ from rlfleet.inference.server import (
     healthy,
     launch_replicas,
     probe,
+    start_replica,
     start_replicas,
     stop_replicas,
     wait_ready,
@@ -145,15 +146,30 @@ class InferencePool:
                 for r in dead
             ]
             with self.progress.starting_up("vLLM replicas"):
-                stop_replicas(self.replicas)
-                self.replicas = launch_replicas(self.cfg, self.weights_path)
-            self.versions = {}
-            self.asleep = False
+                self._relaunch(dead)
             self.unsynced = self.ticket is not None
             write_served(run_store(self.cfg.output_dir), self.policy_step)
         if self.unsynced:
             self._resync()
         return self.urls
+
+    def _relaunch(self, dead: list[Replica]) -> None:
+        """The dead replicas alone where the transport allows: the others keep serving (and the
+        samples in flight on them go on). Else, or when none runs, all of them."""
+        alone = self.ticket is None or make_controller(self.ticket["transport"]).relaunch_alone
+        if alone and dead and len(dead) < len(self.replicas):
+            stop_replicas(dead)
+            offset = self.cfg.inference.replica_offset
+            fresh = [start_replica(self.cfg, r.index - offset, self.weights_path) for r in dead]
+            by_index = {r.index: r for r in wait_ready(self.cfg, fresh)}
+            self.replicas = [by_index.get(r.index, r) for r in self.replicas]
+            for r in dead:
+                self.versions.pop(r.url, None)
+            return
+        stop_replicas(self.replicas)
+        self.replicas = launch_replicas(self.cfg, self.weights_path)
+        self.versions = {}
+        self.asleep = False
 
     def take_relaunched(self) -> list[dict[str, Any]]:
         out, self.relaunched = self.relaunched, []

@@ -157,23 +157,25 @@ def launch_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> l
 
 def start_replicas(cfg: InferenceJobConfig, model_path: str | None = None) -> list[Replica]:
     """Start every replica's process and return at once; `wait_ready` waits for them."""
+    return [start_replica(cfg, r, model_path) for r in range(cfg.inference.num_replicas)]
+
+
+def start_replica(cfg: InferenceJobConfig, r: int, model_path: str | None = None) -> Replica:
+    """Start this node's replica r (its port, GPUs and index); the pool relaunches one alone."""
     i = cfg.inference
     here = RunDir(local_dir(cfg.output_dir))  # logs and pidfiles stay on this machine
-    replicas = []
-    for r in range(i.num_replicas):
-        port = i.port + r
-        idx = i.replica_offset + r  # unique across a multi-node job's inference nodes
-        proc = ManagedProcess(
-            name=f"inference-{idx}",
-            cmd=python_module_cmd(
-                cpu_server.SERVER if cfg.num_gpus else cpu_server.__name__, server_args(cfg, port, model_path)
-            ),
-            log_path=here.replica_log(idx),
-            pidfile=here.pidfile(f"inference_{idx}"),
-            env=replica_env(cfg, r),
-        ).start()
-        replicas.append(Replica(idx, f"http://{i.host}:{port}", proc, t0=time.monotonic()))
-    return replicas
+    port = i.port + r
+    idx = i.replica_offset + r  # unique across a multi-node job's inference nodes
+    proc = ManagedProcess(
+        name=f"inference-{idx}",
+        cmd=python_module_cmd(
+            cpu_server.SERVER if cfg.num_gpus else cpu_server.__name__, server_args(cfg, port, model_path)
+        ),
+        log_path=here.replica_log(idx),
+        pidfile=here.pidfile(f"inference_{idx}"),
+        env=replica_env(cfg, r),
+    ).start()
+    return Replica(idx, f"http://{i.host}:{port}", proc, t0=time.monotonic())
 
 
 def wait_ready(cfg: InferenceJobConfig, replicas: list[Replica]) -> list[Replica]:

@@ -70,6 +70,8 @@ class Counts:
     resent_samples: int = 0
     dropped_zero_variance: int = 0  # dynamic sampling: finished groups held aside
     refilled: int = 0  # dynamic sampling: groups started in place of held ones
+    resumed_samples: int = 0  # continued from the tokens an earlier life logged (partials.py)
+    dropped_partial: int = 0  # groups an earlier life left in flight, too stale to continue
 
 
 @dataclass
@@ -98,6 +100,7 @@ class GroupBuffer:
         self._refill_cap = cfg.shaping.refill_cap(cfg.batch_size)
         self._since_take = {"dropped": 0, "refilled": 0}  # dynamic sampling, since the last take
         self._failing = 0  # groups failed since the last one finished
+        self.published: set[str] = set()  # uids of the groups in published rollouts
         self.restore(next_step)
 
     # -- demand --------------------------------------------------------------------------------
@@ -174,10 +177,16 @@ class GroupBuffer:
         for g in chosen:
             (self.held if g in held else self.ready).remove(g)
         self.taken = max(self.taken, step + 1)
+        self.published |= {g.uid for g in chosen}
         since, self._since_take = self._since_take, {"dropped": 0, "refilled": 0}
         taken = Taken(chosen, len(held), len(self.ready), asdict(self.counts), **since)
         self.drop_stale(step + 1, held_only=True)  # so that they stop counting for the next step
         return taken
+
+    def finished(self) -> set[str]:
+        """The uids of every group whose records are buffered or published: what a log of the
+        samples in flight says of them is superseded."""
+        return self.published | {g.uid for g in self.ready + self.held}
 
     def _choose(self, step: int, m: int) -> list[Group] | None:
         chosen: list[Group] = []
@@ -230,6 +239,7 @@ class GroupBuffer:
         for s in self.store.complete_steps(layout.ROLLOUTS):
             manifest = self.store.manifest(layout.step_dir(layout.ROLLOUTS, s), verify=False)
             taken |= set(manifest.get("group_uids", []))
+        self.published = taken
         kept = []
         for name in sorted(self.store.fs.glob(self.store.path(layout.buffered_group("*")))):
             uid = layout.group_uid(name)

@@ -43,8 +43,10 @@ async def rollout_group(
     params: SamplingParams,
     tok: PreTrainedTokenizerBase,
     sampler: Sampler,
+    first: list[Sample] | None = None,
 ) -> list[Trajectory]:
-    """`params.n` scored trajectories of one example."""
+    """`params.n` scored trajectories of one example; `first`: the samples their first turns fill
+    (orchestrator/partials.py watches them stream; restored ones go on from their tokens)."""
     ids = prompt_ids(tok, example.prompt, env.tools_for(example), env.chat)
     messages = list(example.prompt) if isinstance(example.prompt, list) else []
     group = [
@@ -56,14 +58,14 @@ async def rollout_group(
             t.truncated = t.done = True
         await asyncio.gather(*(_score(env, t) for t in group))
     elif env.max_turns == 1:
-        samples = await sampler.sample(group[0].ids, params.n, params.max_tokens)
+        samples = await sampler.sample(group[0].ids, params.n, params.max_tokens, first)
         for t, s in zip(group, samples, strict=True):
             _add_turn(t, s, env, tok)
         await asyncio.gather(*(_score(env, t) for t in group))
     else:  # the first turns share their prompt: one request for all n, as a single-turn group
-        first = await sampler.sample(group[0].ids, params.n, params.max_tokens)
+        turns = await sampler.sample(group[0].ids, params.n, params.max_tokens, first)
         await asyncio.gather(
-            *(_trajectory(env, t, s, params, tok, sampler) for t, s in zip(group, first, strict=True))
+            *(_trajectory(env, t, s, params, tok, sampler) for t, s in zip(group, turns, strict=True))
         )
     return group
 
@@ -149,6 +151,7 @@ def _add_turn(t: Trajectory, s: Sample, env: Environment, tok: PreTrainedTokeniz
         "end": len(t.ids),
         "replica": s.replica,
         "resent": s.resent,
+        "resumed": s.resumed,
         "versions": runs(s.versions),
     }
     t.turns.append(turn)

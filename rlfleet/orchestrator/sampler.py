@@ -48,6 +48,7 @@ class Sample:
     finish_reason: str = ""
     replica: str = ""  # URL of the server that sampled its last token
     resent: int = 0  # times the rest of it was asked for again after a replica failed
+    resumed: int = 0  # tokens it was restored with from an earlier life's log (orchestrator/partials.py)
 
 
 class Replicas(Protocol):
@@ -148,11 +149,19 @@ class Sampler:
             if not self._urls:
                 raise TransientError("no vLLM replica is available")
 
-    async def sample(self, prompt: list[int], n: int, max_tokens: int) -> list[Sample]:
+    async def sample(
+        self, prompt: list[int], n: int, max_tokens: int, out: list[Sample] | None = None
+    ) -> list[Sample]:
         """n completions of `prompt` in one request (vLLM shares the prompt's KV; n requests of one
         cost 4x the sampling on the CPU toy job); each one a failure cut short goes on from its
-        own tokens in a request of its own."""
-        out = [Sample() for _ in range(n)]
+        own tokens in a request of its own. `out`: the n samples to fill (a caller that watches
+        them stream); restored with tokens, each goes on from them as after a failure."""
+        out = out if out is not None else [Sample() for _ in range(n)]
+        if any(s.completion_ids or s.finish_reason for s in out):
+            await asyncio.gather(
+                *(self._finish(prompt, s, max_tokens, 0) for s in out if not s.finish_reason)
+            )
+            return out
         url = await self._pick() if n > 1 else ""
         if n == 1 or url in self.one_per_request:
             await asyncio.gather(*(self._finish(prompt, s, max_tokens, 0) for s in out))

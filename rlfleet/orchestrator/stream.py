@@ -12,7 +12,9 @@ What is in flight, what is finished, and which groups step N may take are the `G
 books (buffer.py: demand, take policy, the buffer's files); this module is the thread that samples
 into it and the `take` that waits on it. Every change to the books holds `_cond`. `take(N)`
 publishes the groups as `rollouts/step_N` and then removes their buffer files; groups in flight
-that no step left can take are cancelled (`aborted_stale`).
+that no step left can take are cancelled (`aborted_stale`). The samples in flight are logged as
+they stream (partials.py): a new life (a restarted controller, a new sampling thread) continues the
+groups an earlier one left in flight from their tokens.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from rlfleet.errors import TransientError
 from rlfleet.orchestrator.buffer import Group, GroupBuffer
 from rlfleet.orchestrator.envs import load_envs
 from rlfleet.orchestrator.generate import SamplingParams, raise_if_none_scored, rollout_group
+from rlfleet.orchestrator.partials import Partial, PartialLog, resume, sample_id
 from rlfleet.orchestrator.rollout import (
     Rollout,
     load_tokenizer,
@@ -36,7 +39,7 @@ from rlfleet.orchestrator.rollout import (
     rollout_stats,
     trajectory_record,
 )
-from rlfleet.orchestrator.sampler import Replicas, Sampler
+from rlfleet.orchestrator.sampler import Replicas, Sample, Sampler
 from rlfleet.orchestrator.shaping import shape_overlong, step_shaping
 from rlfleet.progress import Progress
 from rlfleet.store import RunStore, layout
@@ -77,6 +80,7 @@ class RolloutStream:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._partials: PartialLog | None = None  # the sampling thread's log of its samples in flight
         self._prompts = Prompts(self.envs, env_counts, seed, store)
 
     # -- the controller's side -------------------------------------------------------------
@@ -129,7 +133,10 @@ class RolloutStream:
         self.notify()
         records = []
         for i, g in enumerate(taken.groups):
-            records += [dict(r, group=i, group_uid=g.uid) for r in g.records]
+            records += [
+                dict(r, group=i, group_uid=g.uid, sample_id=sample_id(g.uid, j))
+                for j, r in enumerate(g.records)
+            ]
         raise_if_none_scored([r["error"] for r in records])
         if taken.held:
             log.info(
@@ -181,18 +188,18 @@ class RolloutStream:
         sampler = Sampler(
             self.replicas, self.cfg.temperature, self.cfg.stall_timeout_s, progress=self.progress
         )
-        tasks: dict[asyncio.Task, int] = {}  # groups in flight: the weights each started on
+        tasks: dict[asyncio.Task, int] = {}  # groups in flight (named by uid): the weights each started on
+        partials, resumed = await asyncio.to_thread(self._resume)
+        self._partials = partials
+        flusher = asyncio.create_task(partials.run())
         try:
+            for p in resumed:
+                env, example = await asyncio.to_thread(self._prompts.example, p.env, p.group)
+                self._launch(tasks, (env, example, p.group), (tok, sampler), resumed=p)
             while not self._stop.is_set():
                 self._abort_hopeless(tasks)
                 for name, refill in self._wanted():
-                    env, example, uid = await self._prompts.next(name)
-                    served = self.served()
-                    with self._cond:  # in the books before it can end
-                        self.buffer.started(env.name, refill)
-                    task = asyncio.create_task(self._group(env, example, uid, served, tok, sampler))
-                    tasks[task] = served
-                    task.add_done_callback(tasks.pop)
+                    self._launch(tasks, await self._prompts.next(name), (tok, sampler), refill)
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=0.5)
@@ -200,7 +207,44 @@ class RolloutStream:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            flusher.cancel()
+            partials.close()  # what the stopped groups streamed: the next life continues them
             await sampler.aclose()
+
+    def _resume(self) -> tuple[PartialLog, list[Partial]]:
+        """This life's log, and the groups an earlier life left in flight to continue (partials.py)."""
+        with self._cond:
+            finished, oldest_usable = self.buffer.finished(), self.buffer.taken - 1 - self.cfg.max_staleness
+        partials, keep, stale = resume(
+            self.store, finished, self.served(), oldest_usable, self.cfg.partials_flush_s
+        )
+        with self._cond:
+            self.buffer.counts.dropped_partial += len(stale)
+            self.buffer.counts.resumed_samples += sum(bool(s.resumed) for p in keep for s in p.samples)
+        return partials, keep
+
+    def _launch(
+        self,
+        tasks: dict[asyncio.Task, int],
+        group: tuple[Any, Any, str],
+        sampling: tuple[Any, Sampler],
+        refill: bool = False,
+        resumed: Partial | None = None,
+    ) -> None:
+        """Start a group, (env, example, uid); `resumed`: one an earlier life left in flight."""
+        assert self._partials is not None
+        env, example, uid = group
+        served = self.served() if resumed is None or resumed.oldest is None else resumed.oldest
+        samples = resumed.samples if resumed is not None else [Sample() for _ in range(self.params.n)]
+        if resumed is None:
+            self._partials.track(
+                {"group": uid, "env": env.name, "n": len(samples), "served": served}, samples
+            )
+        with self._cond:  # in the books before it can end
+            self.buffer.started(env.name, refill)
+        task = asyncio.create_task(self._group(env, example, uid, served, *sampling, samples), name=uid)
+        tasks[task] = served
+        task.add_done_callback(tasks.pop)
 
     def _abort_hopeless(self, tasks: dict[asyncio.Task, int]) -> None:
         """Cancel the groups in flight that no step left can take, so that the replicas sample
@@ -210,6 +254,8 @@ class RolloutStream:
         hopeless = [t for t, served in tasks.items() if served + 1 < oldest_usable and not t.cancelling()]
         for task in hopeless:
             task.cancel()
+            if self._partials is not None:
+                self._partials.end(task.get_name(), "aborted_stale")
         if hopeless:
             with self._cond:
                 self.buffer.counts.aborted_stale += len(hopeless)
@@ -219,7 +265,9 @@ class RolloutStream:
                 self.buffer.taken,
             )
 
-    async def _group(self, env: Any, example: Any, uid: str, served: int, tok: Any, sampler: Sampler) -> None:
+    async def _group(
+        self, env: Any, example: Any, uid: str, served: int, tok: Any, sampler: Sampler, samples: list[Sample]
+    ) -> None:
         """One group's whole life. However it ends (finished and written, failed, or cancelled as
         too stale or by the stop, even while its file is written), it leaves the books once, in
         the `finally`."""
@@ -227,7 +275,7 @@ class RolloutStream:
         failure: Exception | None = None
         tokens = 0
         try:
-            trajs = await rollout_group(env, example, self.params, tok, sampler)
+            trajs = await rollout_group(env, example, self.params, tok, sampler, samples)
             finished = Group(uid, env.name, [trajectory_record(t, 0, env.name, served) for t in trajs])
             tokens = sum(sum(r["loss_mask"]) for r in finished.records)  # before a mask shapes them
             shape_overlong(finished.records, self.cfg.shaping, self.cfg.max_tokens)
@@ -237,6 +285,8 @@ class RolloutStream:
             failure = exc
             log.warning("rollout stream: group %s failed: %s", uid, exc)
         finally:
+            if (group is not None or failure is not None) and self._partials is not None:  # not cancelled
+                self._partials.end(uid, "failed" if group is None else "finished")
             with self._cond:
                 resample = self.buffer.ended(env.name, group, failure, tokens)
                 if failure is not None and self.buffer.fails_the_step(failure):
@@ -266,6 +316,13 @@ class Prompts:
                 if env is None or item[0].name == env:
                     return self._queue.pop(i)
             await asyncio.to_thread(self._draw_chunk)  # an env may run its own event loop to draw
+
+    def example(self, env: str, uid: str) -> tuple[Any, Any]:
+        """The env and example of a group `uid` ("<chunk>-<env>-<index>") drawn before: `examples`
+        is a function of (chunk, count, seed)."""
+        chunk, index = int(uid.split("-", 1)[0]), int(uid.rsplit("-", 1)[1])
+        e = next(e for e in self.envs if e.name == env)
+        return e, e.examples(chunk, self.env_counts[env], self.seed)[index]
 
     def _draw_chunk(self) -> None:
         c = self._cursor

@@ -44,6 +44,7 @@ REGROUP = "sync/regroup.json"  # the controller asks for a new nccl group
 REGROUPED = "sync/regrouped.json"  # the trainer's answer
 BUFFER_GROUPS = "buffer/groups"  # finished groups the rollout stream has not published yet
 BUFFER_CURSOR = "buffer/cursor.json"  # the next prompt chunk the stream draws
+BUFFER_PARTIALS = "buffer/partials"  # the samples in flight, as they stream (orchestrator/partials.py)
 SLURM_JOB = "slurm/job.json"
 
 # Inside a checkpoint.
@@ -100,6 +101,17 @@ def sbatch_script(command: str) -> str:
 
 def buffered_group(uid: str) -> str:
     return f"{BUFFER_GROUPS}/{uid}.json"
+
+
+def partials_log(life: int) -> str:
+    """One sampling life's append-only log of its samples in flight (records.PartialRecord, JSONL)."""
+    return f"{BUFFER_PARTIALS}/{life:08d}.jsonl"
+
+
+def partials_life(path: str) -> int | None:
+    """The life of a `partials_log` path (a listing's entry), else None."""
+    name = path.rsplit("/", 1)[-1].removesuffix(".jsonl")
+    return int(name) if name.isdigit() else None
 
 
 def group_uid(path: str) -> str:

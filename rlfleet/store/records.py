@@ -42,9 +42,40 @@ class TrajectoryRecord(TypedDict):
     messages: list[dict[str, Any]]
     completion: str
     group_uid: NotRequired[str]  # set when the stream takes the group for a step
+    sample_id: NotRequired[str]  # "<group uid>/<index in the group>": stable across a restart
     overlong: NotRequired[bool]  # orchestrator.shaping
     overlong_penalty: NotRequired[float]
     advantage: NotRequired[float]  # set while batching
+
+
+class PartialStart(TypedDict):
+    """`buffer/partials/<life>.jsonl`: a group began sampling (orchestrator/partials.py)."""
+
+    group: str  # its uid, "<prompt chunk>-<env>-<index in it>"
+    env: str
+    n: int  # samples: "<group>/0" .. "<group>/<n-1>"
+    served: int  # the weight version served when it started
+
+
+class PartialTokens(TypedDict):
+    """What one sample streamed since the log's last flush: its first turn's tokens from offset `at`."""
+
+    sample: str  # "<group uid>/<index>"
+    at: int  # where `ids` begin in the sample's completion (a re-written prefix overlaps: same tokens)
+    ids: list[int]
+    logprobs: list[float]
+    versions: list[list[int]]  # per token, as runs [[version, count], ...]
+    finish: NotRequired[str]  # the turn's finish_reason, once it finished
+
+
+class PartialEnd(TypedDict):
+    """A group left the books: its partial tokens no longer count."""
+
+    group: str
+    ended: str  # "finished" (its group file superseded them), "failed", "aborted_stale", "dropped_stale"
+
+
+PartialRecord = PartialStart | PartialTokens | PartialEnd
 
 
 class RolloutStats(TypedDict):

@@ -135,6 +135,19 @@ class RunStore:
             # Single-PUT object writes are atomic on S3-compatible stores.
             self.fs.pipe_file(dest, data)
 
+    def append_bytes(self, rel: str, data: bytes) -> None:
+        """Append to a log, without fsync: a killed process's writes are in the page cache, and a
+        reader of a log skips a torn last line. On object stores s3fs rewrites the object (keep
+        such logs small: orchestrator/partials.py rotates its own)."""
+        dest = self.path(rel)
+        if self.is_local:
+            Path(dest).parent.mkdir(parents=True, exist_ok=True)
+            with open(dest, "ab") as f:
+                f.write(data)
+        else:
+            with self.fs.open(dest, "ab") as f:
+                f.write(data)
+
     def read_bytes(self, rel: str) -> bytes:
         return self.fs.cat_file(self.path(rel))
 

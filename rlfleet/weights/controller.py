@@ -3,8 +3,8 @@
 
 Each class owns every controller-side rule that differs by transport: where step N's ticket comes
 from (`ticket`), what replicas relaunched from files load to serve the pool's weights again
-(`resync`), which broadcast loads nothing (`skip`) and which directory a relaunch starts from
-(`files`). The pool and the broadcast task ask these and never test a transport's name; a new
+(`resync`), which broadcast loads nothing (`skip`), which directory a relaunch starts from
+(`files`) and whether one replica may be relaunched alone (`relaunch_alone`). The pool and the broadcast task ask these and never test a transport's name; a new
 transport is one class here, one registry entry, and its own module (publisher and receiver).
 
 The pool picks by the ticket it holds, not by the config: a resumed run loads files whatever its
@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from rlfleet.config.weights import FILES, transport_config
 from rlfleet.procs import this_process, wait_until
@@ -46,6 +46,9 @@ class Sender:
 
 class ControllerTransport(Protocol):
     name: str  # the transport's, from the registry
+    # whether a dead replica can be relaunched alone while the others serve on (not when every
+    # replica is in one group that cannot grow)
+    relaunch_alone: ClassVar[bool]
 
     def ticket(self, store: RunStore, step: int, sender: Sender | None = None) -> Ticket:
         """Step N's ticket for the broadcast. `sender` keeps a sending trainer running; without
@@ -75,6 +78,7 @@ class Filesystem:
     """`weights/step_N`, reloaded in place; a relaunched replica starts from the same files."""
 
     name: str
+    relaunch_alone: ClassVar[bool] = True
 
     def ticket(self, store: RunStore, step: int, sender: Sender | None = None) -> Ticket:
         return files_ticket(store, step)
@@ -95,6 +99,7 @@ class CudaIpc:
     the controller acknowledges the next (`write_served`), so a relaunched replica maps it again."""
 
     name: str
+    relaunch_alone: ClassVar[bool] = True
 
     def ticket(self, store: RunStore, step: int, sender: Sender | None = None) -> Ticket:
         return trainer_ticket(store, step, self.name)
@@ -116,6 +121,7 @@ class Nccl:
     replica to its newest weights, so the broadcast of a step the pool then serves loads nothing."""
 
     name: str
+    relaunch_alone: ClassVar[bool] = False
 
     def ticket(self, store: RunStore, step: int, sender: Sender | None = None) -> Ticket:
         if sender is None:
