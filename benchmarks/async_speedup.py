@@ -5,7 +5,7 @@ Steps per minute = 60 x (steps after warm-up) / (their summed step wall times); 
 `--warmup` steps (trainer start, first compile of everything) are left out. Each run's median
 time inside vLLM sampling and inside the trainer is reported, to show the two are comparable.
 Without --pin each level runs as a user's config would: k=0 unpinned, k>0 with the flow's own
-core split (`config/placement.split_cpus`: vLLM on the first half of the cores, the trainer on the
+core split (`config/gpu_defaults.split_cpus`: vLLM on the first half of the cores, the trainer on the
 rest). --pin pins k=0 the same way too (vLLM's OpenMP threads on CPU 0, one trainer thread on CPU 1).
 --hidden/--layers/--heads pick the model shape: training cost grows with the FLOPs, vLLM's CPU
 sampling of a tiny model mostly with per-token overheads, so a wider model balances the two.

@@ -57,7 +57,8 @@ def offline(spec: dict[str, Any]) -> dict[str, Any]:
 
 def engine_kwargs(cfg: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """`LLM(...)` arguments and environment matching what `inference/server.py` starts."""
-    from rlfleet.config.placement import assign_gpus, gpu_defaults
+    from rlfleet.config.gpu_defaults import gpu_defaults
+    from rlfleet.config.placement import assign_gpus
     from rlfleet.inference.server import replica_env
 
     inf, train = assign_gpus(cfg.deployment)

@@ -296,7 +296,8 @@ def engine_peak(
     bursts after one warm-up burst. Each other variant (PEAK_VARIANTS) runs at the first C only.
     `profile`: a directory for py-spy's stacks of the server and engine core over each variant's
     first burst."""
-    from rlfleet.config.placement import assign_gpus, gpu_defaults
+    from rlfleet.config.gpu_defaults import gpu_defaults
+    from rlfleet.config.placement import assign_gpus
     from rlfleet.inference.server import launch_replicas, stop_replicas
 
     inf, train = assign_gpus(cfg.deployment)

@@ -30,7 +30,7 @@ import httpx
 from common import median, rl_config, table, tiny_model, write
 from gpu_loop import SHAPES
 
-from rlfleet.config.placement import gpu_defaults
+from rlfleet.config.gpu_defaults import gpu_defaults
 from rlfleet.inference.pool import InferencePool
 
 BASE = {

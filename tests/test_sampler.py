@@ -161,6 +161,41 @@ def test_work_goes_to_the_replica_with_fewest_requests_in_flight(servers):
     assert [body["token_ids"] for body in b.bodies] == [[1, 1], [1, 3]]
 
 
+def test_a_group_of_n_weighs_n_samples_in_the_choice_of_replica(servers):
+    """Load is samples in flight, not requests: a replica decoding a group of 3 is busier than one
+    decoding a single sample, so the next single goes to the second (gates hold all open at token 0)."""
+    gate_a, gate_b = threading.Event(), threading.Event()
+    a, b = servers(gates={0: gate_a}), servers(gates={0: gate_b})
+
+    async def main():
+        sampler = Sampler(FixedReplicas([a.url, b.url]), 1.0, 30.0)
+        sent = []
+
+        async def send(n: int):
+            sent.append(asyncio.create_task(sampler.sample([1, len(sent)], n, 4)))
+            while len(a.bodies) + len(b.bodies) < len(sent):  # it reached a replica
+                assert not sent[-1].done(), "the request failed before reaching a replica"
+                await asyncio.sleep(0.01)
+
+        try:
+            await send(3)  # none in flight: a (3 samples)
+            await send(1)  # b (1)
+            await send(1)  # a holds 3 samples, b 1: b, though each holds one request
+            assert dict(sampler.in_flight) == {a.url: 3, b.url: 2}
+            gate_a.set()
+            gate_b.set()
+            return await asyncio.gather(*sent)
+        finally:
+            gate_a.set()
+            gate_b.set()
+            await sampler.aclose()
+
+    results = asyncio.run(main())
+    assert [len(r) for r in results] == [3, 1, 1]
+    assert [body["token_ids"] for body in a.bodies] == [[1, 0]]
+    assert [body["token_ids"] for body in b.bodies] == [[1, 1], [1, 2]]
+
+
 def test_a_long_request_that_keeps_streaming_never_times_out(servers):
     slow = servers(delay_s=0.05)  # 40 tokens, 2 s in all: 4x the stall bound, 1/10 of it apart
     (samples,) = _run(FixedReplicas([slow.url]), [[1, 2, 3]], n=2, max_tokens=40, stall_timeout_s=0.5)

@@ -185,6 +185,85 @@ def test_custom_template_gets_the_documented_variables(tiny_model, tmp_path, cap
     assert not (tmp_path / "b").exists()
 
 
+def _script_and_configs(capsys, tiny_model, out, *args: str) -> tuple[str, dict]:
+    import tomllib
+
+    result = submit(
+        capsys, "rl", "--model.path", str(tiny_model), "--output-dir", str(out), *args, "--dry-run"
+    )
+    configs = {k: tomllib.loads(Path(v).read_text()) for k, v in result["configs"].items()}
+    return Path(result["script"]).read_text(), configs
+
+
+@pytest.mark.parametrize(
+    "args, placement",
+    [
+        (
+            [
+                "--deployment.num-inference-gpus",
+                "2",
+                "--deployment.num-train-gpus",
+                "2",
+                "--inference.num-replicas",
+                "2",
+            ],
+            "disaggregated: inference: replicas 0-1 on GPUs 0,1 (tp 1); trainer: 2 FSDP ranks on GPUs 2,3",
+        ),
+        (
+            ["--deployment.placement", "colocated", "--deployment.num-inference-gpus", "4"]
+            + [
+                "--deployment.num-train-gpus",
+                "4",
+                "--inference.num-replicas",
+                "2",
+                "--inference.tensor-parallel-size",
+                "2",
+            ],
+            "colocated: inference: replicas 0-1 on GPUs 0+1,2+3 (tp 2); trainer: 4 FSDP ranks on GPUs 0,1,2,3",
+        ),
+    ],
+)
+def test_a_four_gpu_node_job_asks_for_four_gpus_and_says_its_placement(
+    tiny_model, tmp_path, capsys, args, placement
+):
+    """single_node on a 4-GPU node: the job asks SLURM for the GPUs it places on, once each, and its
+    controller places itself on them (the script echoes what it will choose)."""
+    script, _ = _script_and_configs(capsys, tiny_model, tmp_path / "run", *args)
+    assert "#SBATCH --gpus-per-node=4\n" in script
+    assert f"echo 'placement: {placement}" in script
+
+
+def test_a_layout_that_cannot_run_is_refused_before_the_script(tiny_model, tmp_path, capsys):
+    """The tiny model has 2 attention heads: TP 4 cannot split them."""
+    args = ["--deployment.num-inference-gpus", "4", "--inference.tensor-parallel-size", "4"]
+    base = ["rl", "--model.path", str(tiny_model), "--output-dir", str(tmp_path / "run")]
+    assert main([*base, *args, "--slurm.job-name", "x", "--dry-run"]) == 2
+    assert (
+        "inference.tensor_parallel_size (4) must divide the model's num_attention_heads (2)"
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_multi_node_four_gpu_nodes_run_tp_groups_and_four_trainer_ranks(tiny_model, tmp_path, capsys):
+    """4-GPU nodes, TP 2: each inference node runs 2 replicas (CUDA_VISIBLE_DEVICES 0,1 and 2,3),
+    each train node a torchrun of 4 ranks."""
+    from rlfleet.config.models import InferenceJobConfig
+    from rlfleet.inference.server import replica_env
+
+    multi = ["--deployment.type", "multi_node", "--deployment.gpus-per-node", "4"]
+    multi += ["--deployment.num-infer-nodes", "2", "--deployment.num-train-nodes", "2"]
+    script, configs = _script_and_configs(
+        capsys, tiny_model, tmp_path / "run", *multi, "--inference.tensor-parallel-size", "2"
+    )
+    assert "#SBATCH --nodes=4\n" in script and "#SBATCH --gpus-per-node=4\n" in script
+    assert "--nnodes=2 --nproc-per-node=4" in script
+    assert "for ((r = 0; r < 2; r++))" in script and "--inference.replica-offset $((rank * 2))" in script
+    node = InferenceJobConfig.model_validate(configs["inference"])
+    assert (node.gpu_ids, node.inference.num_replicas) == (["0", "1", "2", "3"], 2)
+    assert [replica_env(node, r)["CUDA_VISIBLE_DEVICES"] for r in range(2)] == ["0,1", "2,3"]
+
+
 def test_sbatch_of_a_tiny_sft_job_runs_to_completion(slurm, prefect_api, tiny_model, tmp_path, capsys):
     """Multi-node SFT: one gloo rank on each of the two nodes, rendezvous on the first."""
     out = tmp_path / "sft"

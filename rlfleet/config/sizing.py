@@ -112,6 +112,8 @@ class ModelShape:
     params: int  # 0 when unknown: the bound below still holds
     layers: int
     hidden: int
+    heads: int = 0  # num_attention_heads (0: unknown); tensor parallelism must divide it
+    kv_heads: int = 0  # num_key_value_heads (0: as many as heads)
 
 
 def least_step_bytes(

@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Discriminator, Field, Tag
 
 from rlfleet.config.base import Strict
-from rlfleet.config.deployment import Deployment, not_shared
+from rlfleet.config.deployment import Deployment, all_shared, not_shared
 
 FILES = "filesystem"
 """The transport that loads files: what a resumed run and a relaunched replica load, any transport."""
@@ -69,10 +69,11 @@ class FilesystemConfig(TransportConfig):
 
 
 class CudaIpcConfig(TransportConfig):
-    """vLLM maps the trainer's GPU memory: two buffers, one copy of the weights each."""
+    """vLLM maps the trainer's GPU memory: two buffers, one copy of the weights each, on every
+    trainer rank; each vLLM worker maps those of the rank on its own GPU."""
 
     transport: Literal["cuda_ipc"] = Field(
-        "cuda_ipc", description="vLLM reads the trainer's GPU memory (one shared GPU)."
+        "cuda_ipc", description="vLLM reads the trainer's GPU memory (a trainer rank on every vLLM GPU)."
     )
     publisher: ClassVar[str] = "rlfleet.weights.cuda_ipc:publisher"
     receiver: ClassVar[str] = "rlfleet.weights.cuda_ipc:worker_receive"
@@ -81,10 +82,12 @@ class CudaIpcConfig(TransportConfig):
 
     def check(self, d: Deployment, urls: list[str]) -> None:
         _one_node(self.transport, d, urls)
-        if d.num_inference_gpus != 1 or d.num_train_gpus != 1:
+        one_each = d.num_inference_gpus == d.num_train_gpus == 1
+        if not one_each and d.placement != "colocated":
             raise ValueError(
-                "weights.transport: cuda_ipc needs vLLM and the trainer on one shared GPU "
-                "(deployment.num_inference_gpus = num_train_gpus = 1); use nccl across GPUs"
+                "weights.transport: cuda_ipc needs a trainer rank on every vLLM GPU: deployment.placement = "
+                "colocated, or deployment.num_inference_gpus = num_train_gpus = 1 on one GPU; use nccl or "
+                "filesystem across GPUs"
             )
 
     def placement(self, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
@@ -96,7 +99,8 @@ class NcclConfig(TransportConfig):
     """A broadcast from trainer rank 0 to every vLLM worker over a group of their own."""
 
     transport: Literal["nccl"] = Field(
-        "nccl", description="A broadcast from trainer rank 0 (gloo when the trainer is on a CPU)."
+        "nccl",
+        description="A broadcast from trainer rank 0 to every vLLM worker (gloo when the trainer is on a CPU).",
     )
     publisher: ClassVar[str] = "rlfleet.weights.nccl:publisher"
     receiver: ClassVar[str] = "rlfleet.weights.nccl:worker_receive"
@@ -105,8 +109,17 @@ class NcclConfig(TransportConfig):
 
     def check(self, d: Deployment, urls: list[str]) -> None:
         _one_node(self.transport, d, urls)
-        if d.num_train_gpus > 1:
-            raise ValueError("weights.transport: nccl sends from one trainer rank; set num_train_gpus = 1")
+
+    def placement(self, inference_gpus: list[str], trainer_gpus: list[str]) -> str | None:
+        """Trainer rank 0 (the sender) and every vLLM worker are members of one NCCL group, and NCCL
+        refuses two members on one GPU."""
+        if trainer_gpus and trainer_gpus[0] in inference_gpus:
+            return (
+                f"weights.transport: nccl sends from trainer rank 0 to every vLLM worker in one NCCL group, "
+                f"which refuses two members on one GPU, and GPU {trainer_gpus[0]} holds both (deployment.placement, "
+                "deployment.num_inference_gpus, deployment.num_train_gpus); use cuda_ipc or filesystem there"
+            )
+        return None
 
 
 class AutoConfig(FilesystemConfig):
@@ -114,7 +127,7 @@ class AutoConfig(FilesystemConfig):
     known (`placed`); a trainer started alone loads files."""
 
     transport: Literal["auto"] = Field(
-        "auto", description="cuda_ipc when vLLM and the trainer share one GPU, else filesystem."
+        "auto", description="cuda_ipc when a trainer rank sits on every vLLM GPU, else filesystem."
     )
 
 
@@ -150,10 +163,10 @@ def transport_config(name: str) -> type[TransportConfig]:
 
 
 def placed(w: TransportConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> TransportConfig:
-    """`auto` placed: cuda_ipc where vLLM and the trainer share one GPU (no copy through files, as a
-    colocated TRL's in-process sync), else filesystem; any other choice as it is."""
+    """`auto` placed: cuda_ipc where a trainer rank sits on every vLLM GPU (one shared GPU, or
+    colocated on all: no copy through files, as a colocated TRL's in-process sync), else filesystem;
+    any other choice as it is."""
     if not isinstance(w, AutoConfig):
         return w
-    shared = len(inference_gpus) == len(trainer_gpus) == 1 and inference_gpus == trainer_gpus
-    entry = CudaIpcConfig if shared else FilesystemConfig
+    entry = CudaIpcConfig if all_shared(inference_gpus, trainer_gpus) else FilesystemConfig
     return entry.model_validate(w.model_dump(exclude={"transport"}))

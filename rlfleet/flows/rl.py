@@ -29,6 +29,7 @@ from prefect.utilities.annotations import quote
 
 from rlfleet.config.envs import env_name
 from rlfleet.config.models import RLConfig
+from rlfleet.config.placement import Placement
 from rlfleet.flows.artifacts import publish_summary, stall_reporter
 from rlfleet.flows.monitor import LiveArtifacts
 from rlfleet.orchestrator.rollout import load_tokenizer
@@ -60,10 +61,10 @@ def rl(config: RLConfig) -> State:
     t0 = time.perf_counter()
     load_credentials_block()  # S3 credentials from $RLFLEET_S3_CREDENTIALS_BLOCK, if it is set
     # replicas `rlfleet rl` started for this run hold its ports: not a conflict
-    cfg, inf_gpus, train_gpus = resolve(config, ports=not started_early(config.output_dir))
+    cfg, placement = resolve(config, ports=not started_early(config.output_dir))
     tag_run(cfg)
-    with gpu_lease(inf_gpus + train_gpus):
-        summary = _run(cfg, inf_gpus, train_gpus, t0)
+    with gpu_lease(placement.gpus):
+        summary = _run(cfg, placement, t0)
     first, last = summary["first3_mean_reward"], summary["last3_mean_reward"]
     change = "no steps run" if first is None else f"reward {first:.3f} -> {last:.3f}"
     n = len(summary["recoveries"])
@@ -81,9 +82,10 @@ def tag_run(cfg: RLConfig) -> None:
         client.update_flow_run(flow_run.id, tags=sorted(set(flow_run.tags) | tags))
 
 
-def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -> dict[str, Any]:
+def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
     log = get_run_logger()
-    paths = write_configs(cfg, inf_gpus, train_gpus)
+    log.info("placement: %s", placement.describe())
+    paths = write_configs(cfg, placement)
     store = run_store(cfg.output_dir)
     acquire_run_lock(store)
     start = resume_step(store)
@@ -102,7 +104,7 @@ def _run(cfg: RLConfig, inf_gpus: list[str], train_gpus: list[str], t0: float) -
     live = LiveArtifacts(store, cfg.name, cfg.max_steps, start)
     ahead: dict[int, PrefectFuture] = {}  # rollouts of later steps
     steps = read_steps(store)  # a resumed run's earlier steps stay on the curve
-    run = RunHandles.for_run(cfg, inf_gpus, train_gpus)  # starts nothing; the tasks below do
+    run = RunHandles.for_run(cfg, placement)  # starts nothing; the tasks below do
     handles = quote(run)
     try:
         after: list[State] = []  # what the next rollout waits for

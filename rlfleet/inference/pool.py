@@ -241,12 +241,17 @@ class InferencePool:
         return time.perf_counter() - start
 
     def _post_all(self, urls: list[str], path: str, params: dict[str, str]) -> None:
-        for url in urls:
+        """Every replica at once (sleep, wake_up): colocated on N GPUs, N replicas wake together."""
+
+        def one(url: str) -> None:
             resp = httpx.post(
                 f"{url}/{path}", params=params, timeout=self.cfg.weights.timeout_s, verify=tls()
             )
             if resp.status_code != 200:
                 raise TransientError(f"{url}/{path} failed: HTTP {resp.status_code}: {resp.text[:300]}")
+
+        with ThreadPoolExecutor(max(len(urls), 1)) as ex:
+            list(ex.map(one, urls))
 
     def _load_all(self, urls: list[str], ticket: dict[str, Any]) -> list[dict[str, Any]]:
         """Concurrently: an nccl broadcast needs every replica's workers in it at once."""

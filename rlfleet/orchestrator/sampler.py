@@ -89,7 +89,8 @@ class SamplingError(TransientError):
 
 
 class Sampler:
-    """Sends each request to the live replica with the fewest requests in flight, preferring those
+    """Sends each request to the live replica with the fewest samples in flight (a group of n counts
+    n: it holds n sequences of the engine's batch), preferring those
     that have not failed since they last finished one. A request whose replica failed keeps its
     streamed tokens and continues elsewhere, up to `attempts` failures per sample; between
     failures the pool relaunches what died (one relaunch at a time)."""
@@ -109,7 +110,7 @@ class Sampler:
         self.temperature = temperature
         self.stall_timeout_s = stall_timeout_s
         self.attempts = attempts
-        self.in_flight: Counter[str] = Counter()
+        self.in_flight: Counter[str] = Counter()  # per replica: samples in flight (its load)
         self.failing: Counter[str] = Counter()  # failures since the replica last finished a request
         self._urls: list[str] = []
         self._heal_lock = asyncio.Lock()
@@ -208,7 +209,7 @@ class Sampler:
         body = generate_body(prompt, len(out), max_tokens, self.temperature, stream=True, **self.extra_params)
         seen = [self.replicas.version(url)] * len(out)  # per choice: weights since its last chunk
         timeout = httpx.Timeout(30.0, read=self.stall_timeout_s)
-        self.in_flight[url] += 1
+        self.in_flight[url] += len(out)
         self.progress.requests[url] += 1
         client = self._client()
         self._streams[client] += 1
@@ -233,7 +234,7 @@ class Sampler:
                         _add(out[i], c, seen[i], url)
                         seen[i] = self.replicas.version(url)
         finally:
-            self.in_flight[url] -= 1
+            self.in_flight[url] -= len(out)
             self.progress.requests[url] -= 1
             self._streams[client] -= 1
         if unfinished := sum(not s.finish_reason for s in out):

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from rlfleet.config.deployment import slurm_missing
+from rlfleet.config.gpu_defaults import gpu_defaults, split_cpus
 from rlfleet.config.inference import check_ports
 from rlfleet.config.loader import raise_if, to_toml
 from rlfleet.config.lora import check_lora
 from rlfleet.config.model import check_model
 from rlfleet.config.models import RLConfig
-from rlfleet.config.placement import check_gpus, gpu_defaults, split_cpus
+from rlfleet.config.placement import Placement, check_gpus
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.store import RunDir, layout, run_store
 from rlfleet.store.writable import check_output_dir
 
 
-def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> dict[str, str]:
-    """Write rl.toml and the trainer / inference sub-configs to `<output_dir>/configs/`.
+def write_configs(cfg: RLConfig, placement: Placement) -> dict[str, str]:
+    """Write rl.toml, the trainer / inference sub-configs (their `gpu_ids` are the placement's) and
+    `placement.json` (what runs where, `Placement.describe`) to `<output_dir>/configs/`.
 
     A remote store also gets a local copy (`<local_dir>/configs/`) that child processes read.
     On multi_node the trainer and inference configs are the nodes' (rlfleet/slurm/submit.py): kept.
@@ -23,8 +25,8 @@ def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[s
     store = run_store(cfg.output_dir)
     jobs = {"rl": cfg}
     if cfg.deployment.type == "single_node":
-        jobs["trainer"] = cfg.trainer_job(trainer_gpus)
-        jobs["inference"] = cfg.inference_job(inference_gpus)
+        jobs["trainer"] = cfg.trainer_job(placement.trainer_gpus)
+        jobs["inference"] = cfg.inference_job(placement.inference_gpus)
     paths = {}
     for name, job in jobs.items():
         store.write_text(layout.config(name), to_toml(job))
@@ -33,12 +35,13 @@ def write_configs(cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[s
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_text(to_toml(job))
         paths[name] = store.uri(layout.config(name))
+    store.write_text(layout.PLACEMENT, placement.to_json())
     return paths
 
 
-def preflight(cfg: RLConfig, ports: bool = True) -> tuple[list[str], list[str]]:
+def preflight(cfg: RLConfig, ports: bool = True) -> Placement:
     """The launch checks, all at once, before anything starts: what the config alone cannot tell
-    (files, user code, GPUs and ports here); returns (inference GPUs, trainer GPUs).
+    (files, user code, GPUs and ports here); returns the placement on this machine's GPUs.
     ports=False: the run's replicas were started already (they hold the ports)."""
     problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_lora(cfg.trainer.lora)
     problems += check_ports(cfg.inference) if ports else []
@@ -48,14 +51,15 @@ def preflight(cfg: RLConfig, ports: bool = True) -> tuple[list[str], list[str]]:
     # The flow never submits: a multi_node controller is the one inside the job, given its urls.
     if problem := slurm_missing(cfg.deployment, None, cfg.inference.urls):
         problems.append(problem)
-    inference_gpus, trainer_gpus, placement = check_gpus(cfg)
-    raise_if(problems + placement)
-    return inference_gpus, trainer_gpus
+    placement, placing = check_gpus(cfg)
+    raise_if(problems + placing)
+    assert placement is not None  # no problems: placed
+    return placement
 
 
-def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, list[str], list[str]]:
+def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, Placement]:
     """The config a run executes (cores split, placement defaults filled) after its preflight, and
-    its (inference GPUs, trainer GPUs): what the flow runs and what `vllm_started_early` starts."""
+    its placement: what the flow runs and what `vllm_started_early` starts."""
     cfg = split_cpus(config)  # async on a CPU box: vLLM and the trainer on separate cores
-    inf_gpus, train_gpus = preflight(cfg, ports)
-    return gpu_defaults(cfg, inf_gpus, train_gpus), inf_gpus, train_gpus
+    p = preflight(cfg, ports)
+    return gpu_defaults(cfg, p.inference_gpus, p.trainer_gpus), p

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rlfleet.config.models import RLConfig
+from rlfleet.config.placement import Placement
 from rlfleet.inference.pool import InferencePool
 from rlfleet.orchestrator.stream import RolloutStream
 from rlfleet.procs import kill_group
@@ -47,13 +48,14 @@ class RunHandles:
         self.watchdog: StallWatchdog | None = None
 
     @classmethod
-    def for_run(cls, cfg: RLConfig, inference_gpus: list[str], trainer_gpus: list[str]) -> RunHandles:
+    def for_run(cls, cfg: RLConfig, placement: Placement | None = None) -> RunHandles:
         """Starts nothing: the `launch_inference_pool` and `start_trainer` tasks do. On multi_node
         the trainer's ranks are the SLURM job's (started on its train nodes): waited on, never
         launched."""
         config_path = trainer_config(run_store(cfg.output_dir))
         kind = ExternalTrainer if cfg.deployment.type == "multi_node" else TrainerProcess
-        job, trainer_job = cfg.inference_job(inference_gpus), cfg.trainer_job(trainer_gpus)
+        job = cfg.inference_job(placement.inference_gpus if placement else [])  # None: no GPUs
+        trainer_job = cfg.trainer_job(placement.trainer_gpus if placement else [])
         pool = _EARLY.pop(cfg.output_dir, None)
         if pool is not None and pool.cfg != job:  # started for another config: not this run's
             pool.shutdown()
@@ -178,19 +180,19 @@ def vllm_started_early(config: RLConfig) -> Iterator[None]:
     another run may hold them. What no flow adopted (it failed first, or resolved another config)
     is stopped on the way out.
     """
-    cfg, inf_gpus, train_gpus = resolve(config)
-    if inf_gpus or train_gpus or cfg.inference.urls or cfg.deployment.type != "single_node":
+    cfg, placement = resolve(config)
+    if placement.gpus or cfg.inference.urls or cfg.deployment.type != "single_node":
         yield
         return
     store = run_store(cfg.output_dir)
     acquire_run_lock(store)  # a second controller would reap the first one's replicas
-    pool = _EARLY[cfg.output_dir] = InferencePool(cfg.inference_job(inf_gpus))
+    pool = _EARLY[cfg.output_dir] = InferencePool(cfg.inference_job(placement.inference_gpus))
     pool.start()
     trainer = None
     if pristine(store):
-        write_configs(cfg, inf_gpus, train_gpus)  # the trainer reads configs/trainer.toml
+        write_configs(cfg, placement)  # the trainer reads configs/trainer.toml
         trainer = _EARLY_TRAINER[cfg.output_dir] = TrainerProcess(
-            cfg.trainer_job(train_gpus), trainer_config(store)
+            cfg.trainer_job(placement.trainer_gpus), trainer_config(store)
         )
         trainer.ensure()
     try:

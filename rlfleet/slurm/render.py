@@ -14,6 +14,7 @@ from typing import Any
 import jinja2
 
 from rlfleet.config.deployment import DeploymentConfig, MultiNodeDeployment, SlurmConfig
+from rlfleet.config.placement import gpus_needed
 from rlfleet.resources import TEMPLATES
 from rlfleet.store import RunDir
 
@@ -29,10 +30,11 @@ def template_variables(
     inference_port: int,
     tensor_parallel_size: int = 1,
     env: dict[str, str] | None = None,
+    placement: str = "",
 ) -> dict[str, Any]:
     multi = deployment.type == "multi_node"
-    # single_node: the one node needs every GPU the deployment places (inference + trainer)
-    gpus = deployment.gpus_per_node if multi else deployment.num_inference_gpus + deployment.num_train_gpus
+    # single_node: the one node needs every GPU the deployment places, once each (colocated: shared)
+    gpus = gpus_needed(deployment)
     return {
         "command": command,
         "job_name": slurm.job_name,
@@ -58,6 +60,7 @@ def template_variables(
         "python": sys.executable,
         "rlfleet": f"{sys.executable} -m rlfleet.cli",
         "env": dict(env or {}),
+        "placement": placement,
     }
 
 

@@ -20,6 +20,7 @@ from rlfleet.config.loader import ConfigError, raise_if, to_toml
 from rlfleet.config.lora import check_lora
 from rlfleet.config.model import check_model
 from rlfleet.config.models import InferenceJobConfig, RLConfig, SFTConfig
+from rlfleet.config.placement import gpus_needed, model_shape, place
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.slurm.commands import sbatch
 from rlfleet.slurm.render import render, replicas_per_node, template_variables
@@ -75,6 +76,15 @@ def resolve(command: str, cfg: AnyJob) -> dict[str, BaseModel]:
     }
 
 
+def node_placement(cfg: AnyJob) -> str:
+    """What an rl job places where on a node, on the GPUs SLURM gives it (`--gpus-per-node`, seen
+    as 0..N-1 inside the job): the script echoes it. Only `rl` places vLLM beside a trainer."""
+    if not isinstance(cfg, RLConfig):
+        return ""
+    d = cfg.deployment
+    return place(cfg, _gpu_ids(gpus_needed(d)), model_shape(cfg.model.path)).describe()
+
+
 def submit(command: str, cfg: AnyJob, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Write the configs and the script; submit unless `slurm.dry_run`. Returns what was done."""
     slurm = cfg.slurm
@@ -89,6 +99,7 @@ def submit(command: str, cfg: AnyJob, env: dict[str, str] | None = None) -> dict
     if isinstance(cfg, RLConfig):  # a bad env fails here, not minutes later inside the job
         problems += check_envs(cfg.orchestrator.env, "orchestrator.env")
     raise_if(problems)
+    placement = node_placement(cfg)  # a layout that cannot run fails here, before sbatch
     jobs = resolve(command, cfg)
     out = Path(cfg.output_dir.removeprefix("file://")).resolve()
     here = RunDir(out)
@@ -102,6 +113,7 @@ def submit(command: str, cfg: AnyJob, env: dict[str, str] | None = None) -> dict
         cfg.inference.port if command != "sft" else 0,
         cfg.inference.tensor_parallel_size if command != "sft" else 1,
         env,
+        placement,
     )
     script = render(slurm.template_path, variables)  # a template error fails before anything is written
     store = run_store(str(out))

@@ -80,6 +80,9 @@ def eval_record(step: int | None) -> str:
     return f"{EVALS}/base.json" if step is None else step_json(EVALS, step)
 
 
+PLACEMENT = "configs/placement.json"  # what runs where (config/placement.py `Placement.to_json`)
+
+
 def config(name: str) -> str:
     """The resolved config `name` (rl, trainer, inference, sft) as `configs/<name>.toml`."""
     return f"configs/{name}.toml"

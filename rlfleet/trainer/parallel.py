@@ -51,6 +51,14 @@ class Parallel:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's value of a picklable object, in rank order, on every rank."""
+        if not self.enabled or self.world == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
     def sum(self, values: list[float]) -> list[float]:
         return self._reduce(values, dist.ReduceOp.SUM)
 

@@ -1,6 +1,7 @@
 """The nccl transport: trainer rank 0 broadcasts the weights to every vLLM worker.
 
-The group is the trainer (rank 0) plus each replica's workers (rank 1 + replica x tp + tp rank),
+The group is trainer rank 0 (under FSDP2 the other ranks only join the full-tensor gather of each
+publish, `publisher.Follower`) plus each replica's workers (rank 1 + replica x tp + tp rank),
 built from a TCPStore the trainer hosts on `weights.nccl_port`; it is private to weight sync, apart
 from the trainer's and vLLM's own groups. Its id is the trainer process's, so a relaunched trainer
 builds a new group and each worker joins the new one on the first ticket that names it. The
@@ -46,7 +47,7 @@ from rlfleet.store import RunStore
 from rlfleet.trainer.hf_export import sent_state
 from rlfleet.trainer.parallel import Parallel
 from rlfleet.weights import tensors
-from rlfleet.weights.publisher import vllm_dtype
+from rlfleet.weights.publisher import Follower, vllm_dtype
 from rlfleet.weights.tickets import REGROUP, REGROUPED, sender_running, served_step, ticket_rel
 
 log = logging.getLogger("rlfleet.weights")
@@ -256,7 +257,10 @@ class NcclPublisher:
         self.group = None  # drops the rendezvous server with it
 
 
-def publisher(cfg: TrainerJobConfig, store: RunStore, par: Parallel) -> NcclPublisher:
+def publisher(cfg: TrainerJobConfig, store: RunStore, par: Parallel) -> NcclPublisher | Follower:
+    """Rank 0 sends; under FSDP2 the other ranks only join each publish's gather."""
+    if not par.is_main:
+        return Follower(par)
     w = cfg.weights
     return NcclPublisher(store, par, vllm_dtype(cfg, par), w.nccl_port, cfg.inference.workers, w.timeout_s)
 

@@ -26,6 +26,27 @@ class Publisher(Protocol):
     def close(self) -> None: ...
 
 
+class Follower:
+    """A trainer rank that sends nothing (nccl sends from rank 0 only): it takes its part in the
+    full-tensor gather each publish is (`sent_state`, a collective), and nothing else."""
+
+    def __init__(self, par: Parallel):
+        self.par = par
+
+    def publish(self, step: int, model: torch.nn.Module) -> None:
+        from rlfleet.trainer.hf_export import sent_state
+
+        sent_state(model, self.par)
+
+    def serve(self, step: int) -> None:
+        """Rank 0 sends; this rank goes on to the next batch and waits in its first collective."""
+
+    def poll(self) -> None:
+        """Rank 0 answers the controller's requests."""
+
+    def close(self) -> None: ...
+
+
 def make_publisher(cfg: TrainerJobConfig, store: RunStore, par: Parallel) -> Publisher:
     return cfg.weights.part("publisher")(cfg, store, par)
 
