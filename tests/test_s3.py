@@ -10,9 +10,11 @@ import asyncio
 import hashlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -58,13 +60,16 @@ def s3_env(s3_endpoint, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("RLFLEET_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
+    # the run's own temp dir, but short: vLLM binds its zmq sockets there, and a unix socket's
+    # path holds 107 bytes (pytest-xdist's tmp_path already takes ~80)
+    tmp = Path(tempfile.mkdtemp(prefix="rlfleet-s3-"))
+    monkeypatch.setenv("TMPDIR", str(tmp))
     s3fs.S3FileSystem.clear_instance_cache()
     bucket = f"rlfleet-{uuid.uuid4().hex[:12]}"
     boto3.client("s3").create_bucket(Bucket=bucket)
     yield bucket
     s3fs.S3FileSystem.clear_instance_cache()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _stage_files(tmp_path: Path, files: dict[str, bytes]) -> Path:
