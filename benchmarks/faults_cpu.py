@@ -38,6 +38,7 @@ from common import ROOT, rl_config, table, tiny_model, write
 from rlfleet.config.loader import to_toml
 from rlfleet.orchestrator.partials import read_partials
 from rlfleet.orchestrator.rollout import read_rollout
+from rlfleet.procs import pid_alive
 from rlfleet.store import RunStore, layout
 
 FAULTS = ("api_server", "engine_core", "guard", "trainer", "controller")
@@ -47,9 +48,9 @@ SEEN = {"api_server": "is dead", "engine_core": "is dead", "guard": "is dead", "
 
 def victim(out: Path, fault: str) -> psutil.Process:
     if fault == "trainer":
-        (trainer,) = psutil.Process(int((out / "run/trainer.pid").read_text())).children()
+        (trainer,) = psutil.Process(pid_alive(out / "run/trainer.pid")).children()
         return trainer
-    guard = psutil.Process(int((out / "run/inference_0.pid").read_text()))
+    guard = psutil.Process(pid_alive(out / "run/inference_0.pid"))
     if fault == "guard":
         return guard
     (server,) = guard.children()
@@ -59,21 +60,28 @@ def victim(out: Path, fault: str) -> psutil.Process:
     return core
 
 
-def in_flight(store: RunStore) -> dict[str, int]:
-    """Sample id -> tokens it has streamed, of the groups not finished."""
+def in_flight(store: RunStore) -> dict[str, list[int]]:
+    """Sample id -> the tokens it has streamed (as flushed to the log), of the groups not finished."""
     done = {layout.group_uid(p) for p in store.fs.glob(store.path(layout.buffered_group("*")))}
     for s in store.complete_steps(layout.ROLLOUTS):
         done |= set(store.manifest(layout.step_dir(layout.ROLLOUTS, s))["group_uids"])
     return {
-        f"{p.group}/{i}": len(s.completion_ids)
+        f"{p.group}/{i}": list(s.completion_ids)
         for p in read_partials(store).values()
         if p.group not in done
         for i, s in enumerate(p.samples)
     }
 
 
+def continues(record: dict, ids: list[int]) -> bool:
+    start = record["prompt_len"]
+    return bool(ids) and record["input_ids"][start : start + len(ids)] == ids
+
+
 def streaming_after_step_1(store: RunStore, out: Path) -> bool:
-    return (out / layout.step_json("metrics", 1)).exists() and any(n >= 16 for n in in_flight(store).values())
+    return (out / layout.step_json("metrics", 1)).exists() and any(
+        len(ids) >= 16 for ids in in_flight(store).values()
+    )
 
 
 def wait(pred, proc: subprocess.Popen, timeout_s: float = 900) -> None:
@@ -141,12 +149,12 @@ def one(fault: str, model: Path, tmp: Path) -> dict[str, Any]:
         for r in read_rollout(store, s):
             trained[r["sample_id"]] = r
             steps_of.setdefault(r["sample_id"], []).append(s)
+    # kept: the trained sample starts with the tokens it had streamed (continued on another request
+    # after a replica died, `resent`; or by the rerun, `resumed`), else they were sampled again
     kept = sum(
-        min(trained[sid]["turns"][0].get("resumed", 0), n)
-        for sid, n in tokens_at_kill.items()
-        if sid in trained
+        len(ids) for sid, ids in tokens_at_kill.items() if sid in trained and continues(trained[sid], ids)
     )
-    streamed = sum(tokens_at_kill.values())
+    streamed = sum(map(len, tokens_at_kill.values()))
     next_step = first_step_after(out, killed)
     return {
         "fault": fault,
