@@ -49,7 +49,7 @@ def server_args(cfg: InferenceJobConfig, port: int, model_path: str | None = Non
         "--model",
         model_path or cfg.model.path,
         "--served-model-name",
-        SERVED_NAME,
+        cfg.name,
         "--host",
         i.host,
         "--port",
@@ -167,12 +167,12 @@ def start_replica(cfg: InferenceJobConfig, r: int, model_path: str | None = None
     port = i.port + r
     idx = i.replica_offset + r  # unique across a multi-node job's inference nodes
     proc = ManagedProcess(
-        name=f"inference-{idx}",
+        name=f"inference-{idx}" if cfg.name == SERVED_NAME else f"{cfg.name}-{idx}",
         cmd=python_module_cmd(
             cpu_server.SERVER if cfg.num_gpus else cpu_server.__name__, server_args(cfg, port, model_path)
         ),
-        log_path=here.replica_log(idx),
-        pidfile=here.pidfile(f"inference_{idx}"),
+        log_path=here.replica_log(idx, cfg.name),
+        pidfile=here.pidfile(here.replica_pidfile(idx, cfg.name)),
         env=replica_env(cfg, r),
     ).start()
     return Replica(idx, f"http://{i.host}:{port}", proc, t0=time.monotonic())
@@ -203,7 +203,7 @@ def wait_ready(cfg: InferenceJobConfig, replicas: list[Replica]) -> list[Replica
         raise
     for rep in replicas:
         rep.started = (
-            f"vLLM replica {rep.index} at {rep.url} ready in {time.monotonic() - rep.t0:.0f} s; "
+            f"vLLM {'' if cfg.name == SERVED_NAME else cfg.name + ' '}replica {rep.index} at {rep.url} ready in {time.monotonic() - rep.t0:.0f} s; "
             f"{kv_cache(rep)}; log: {rep.process.log_path}"
         )
         log.info(rep.started)
