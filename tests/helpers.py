@@ -204,7 +204,9 @@ class KillWhen(threading.Thread):
             return False
 
 
-def prompt_logprobs(url: str, prompt_ids: list[int], timeout_s: float = 60.0, model: str = "policy") -> list[float]:
+def prompt_logprobs(
+    url: str, prompt_ids: list[int], timeout_s: float = 60.0, model: str = "policy"
+) -> list[float]:
     """The server's logprob of each prompt token after the first: a fingerprint of its weights."""
     import httpx
 

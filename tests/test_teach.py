@@ -26,7 +26,9 @@ def with_teacher(records: list[dict], seed: int = 1) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
     for r in records:
         noise = torch.rand(len(r["input_ids"]), generator=g).tolist()
-        r["teacher_logprobs"] = [lp - n if m else 0.0 for lp, n, m in zip(r["logprobs"], noise, r["loss_mask"])]
+        r["teacher_logprobs"] = [
+            lp - n if m else 0.0 for lp, n, m in zip(r["logprobs"], noise, r["loss_mask"], strict=False)
+        ]
     return records
 
 
@@ -69,8 +71,18 @@ def test_distill_reaches_the_loss_as_that_advantage(seq_len):
     assert torch.allclose(loss, want)
     kl = ((mb["old_logprobs"] - mb["teacher_logprobs"]) * mb["loss_mask"]).sum()
     assert float(stats["distill_kl_sum"]) == pytest.approx(float(kl), rel=1e-5)
-    assert distill.metrics({"masked_tokens": 0.0, "ratio_sum": 0.0, "mismatch_kl_sum": 0.0,
-                            "logprob_diff_max": 0.0, "distill_kl_sum": float(kl)})["distill_kl"] > 0
+    assert (
+        distill.metrics(
+            {
+                "masked_tokens": 0.0,
+                "ratio_sum": 0.0,
+                "mismatch_kl_sum": 0.0,
+                "logprob_diff_max": 0.0,
+                "distill_kl_sum": float(kl),
+            }
+        )["distill_kl"]
+        > 0
+    )
     with pytest.raises(ValueError, match="no teacher_logprobs"):
         distill({k: v for k, v in mb.items() if k != "teacher_logprobs"}, lp, None)
 
@@ -107,8 +119,11 @@ def test_a_teacher_that_tokenizes_differently_is_refused_before_anything_starts(
         (p / "tokenizer_config.json").write_text(json.dumps(conf))
 
     same = teacher("same", lambda p: None)
-    for name, edit, field in (("t1", retemplate, "chat_template"), ("t2", revocab, "vocab"),
-                              ("t3", respecial, "special_tokens")):
+    for name, edit, field in (
+        ("t1", retemplate, "chat_template"),
+        ("t2", revocab, "vocab"),
+        ("t3", respecial, "special_tokens"),
+    ):
         path = teacher(name, edit)
         cfg = RLConfig.model_validate(
             {
@@ -119,11 +134,15 @@ def test_a_teacher_that_tokenizes_differently_is_refused_before_anything_starts(
             }
         )
         (problem,) = check_teacher_tokenizer(str(tiny_model), cfg.served[0], "loss.distill.teacher")
-        assert problem.startswith("loss.distill.teacher: the teacher 'teacher'") and f"{field} differ" in problem
+        assert (
+            problem.startswith("loss.distill.teacher: the teacher 'teacher'") and f"{field} differ" in problem
+        )
         with pytest.raises(Exception, match=f"loss.distill.teacher: .*{field} differ"):
             preflight(cfg)
         assert not (tmp_path / f"run_{name}" / "logs").exists()  # nothing started
-    served = RLConfig.model_validate({"model": {"path": str(tiny_model)}, "served": [{"name": "t", "path": same}]})
+    served = RLConfig.model_validate(
+        {"model": {"path": str(tiny_model)}, "served": [{"name": "t", "path": same}]}
+    )
     assert check_teacher_tokenizer(str(tiny_model), served.served[0], "loss.distill.teacher") == []
 
 
@@ -133,7 +152,10 @@ def test_served_config_names_ports_and_teacher():
         base | {"served": [{"name": "a", "path": "a", "num_replicas": 2}, {"name": "b", "path": "b"}]}
     )
     jobs = cfg.served_jobs()
-    assert [(j.name, j.inference.port, j.inference.max_model_len) for j in jobs] == [("a", 9002, 513), ("b", 9004, 513)]
+    assert [(j.name, j.inference.port, j.inference.max_model_len) for j in jobs] == [
+        ("a", 9002, 513),
+        ("b", 9004, 513),
+    ]
     for bad, match in (
         ({"served": [{"name": "policy", "path": "a"}]}, "other than 'policy'"),
         ({"served": [{"name": "a", "path": "a"}, {"name": "a", "path": "b"}]}, "names must be unique"),
@@ -141,7 +163,10 @@ def test_served_config_names_ports_and_teacher():
         ({"served": [{"name": "a", "path": "a", "num_gpus": 3}]}, "served.0.num_gpus"),
         ({"loss": {"distill": {"teacher": "x"}}}, "loss.distill.teacher: 'x' is not a"),
         (
-            {"served": [{"name": "a", "path": "a", "max_model_len": 512}], "loss": {"distill": {"teacher": "a"}}},
+            {
+                "served": [{"name": "a", "path": "a", "max_model_len": 512}],
+                "loss": {"distill": {"teacher": "a"}},
+            },
             "must exceed inference.max_model_len",
         ),
     ):
@@ -226,6 +251,8 @@ def test_a_judge_that_times_out_or_is_missing_scores_zero_counted_and_named(tmp_
         judges.withdraw(["hung"])
         hung.sock.close()
     assert records[0]["error"] == "reward task.py:judged JudgeError: judge 'hung' timed out after 0.3 s"
-    assert records[1]["error"].startswith("reward task.py:unknown JudgeError: judge 'nobody': no served model")
+    assert records[1]["error"].startswith(
+        "reward task.py:unknown JudgeError: judge 'nobody': no served model"
+    )
     stats = rollout_stats(records)
     assert stats["reward_errors"] == 2 and stats["first_error"] == f"j: {records[0]['error']}"

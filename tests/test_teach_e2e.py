@@ -111,7 +111,7 @@ def test_distill_from_a_served_teacher_that_also_judges_and_is_relaunched(
     for step in (0, 1):
         for r in read_rollout(store, step):
             assert len(r["teacher_logprobs"]) == len(r["input_ids"])
-            assert all(t == 0.0 for t, m in zip(r["teacher_logprobs"], r["loss_mask"]) if not m)
+            assert all(t == 0.0 for t, m in zip(r["teacher_logprobs"], r["loss_mask"], strict=False) if not m)
     rec = killer.record
     sampled = [i for i, m in enumerate(rec["loss_mask"]) if m]
     assert sampled
@@ -120,14 +120,21 @@ def test_distill_from_a_served_teacher_that_also_judges_and_is_relaunched(
 
     # The distill term reached the trainer: its reverse KL is the records' mean sampler - teacher gap.
     records = read_rollout(store, 0)
-    gaps = [lp - t for r in records for lp, t, m in zip(r["logprobs"], r["teacher_logprobs"], r["loss_mask"]) if m]
+    gaps = [
+        lp - t
+        for r in records
+        for lp, t, m in zip(r["logprobs"], r["teacher_logprobs"], r["loss_mask"], strict=False)
+        if m
+    ]
     metrics = store.read_json("metrics/step_0.json")
     assert metrics["distill_kl"] == pytest.approx(statistics.fmean(gaps), rel=1e-3, abs=1e-4)
 
     # The judge's replies arrived as scores.
     for step in (0, 1):
         recs = read_rollout(store, step)
-        assert all(r["error"] is None and "judged/reply_len" in r["metrics"] for r in recs), recs[0]["metrics"]
+        assert all(r["error"] is None and "judged/reply_len" in r["metrics"] for r in recs), recs[0][
+            "metrics"
+        ]
 
     # Weight broadcasts went to the policy only; the killed teacher was relaunched (frozen).
     assert "POST /collective_rpc" in (out / "logs/inference/replica_0.log").read_text()

@@ -43,7 +43,9 @@ class DistillConfig(Strict):
     """On-policy distillation (docs/algorithms.md): the teacher's logprob of each sampled token
     joins the advantage, A_t += coef x (teacher logprob - student logprob)."""
 
-    teacher: NonEmptyStr = Field(description="The `[[served]]` model whose logprobs the student is pulled to.")
+    teacher: NonEmptyStr = Field(
+        description="The `[[served]]` model whose logprobs the student is pulled to."
+    )
     coef: float = Field(1.0, gt=0.0, description="Weight of the per-token reverse-KL term in the advantage.")
 
 

@@ -262,7 +262,9 @@ def served_fit(cfg: RLConfig) -> None:
     check_served_gpus(cfg.served)
     i = cfg.inference
     taken = set(range(i.port, i.port + i.num_replicas))
-    for k, (s, port) in enumerate(zip(cfg.served, served_ports(cfg.served, i.port + i.num_replicas), strict=True)):
+    for k, (s, port) in enumerate(
+        zip(cfg.served, served_ports(cfg.served, i.port + i.num_replicas), strict=True)
+    ):
         mine = set(range(port, port + s.num_replicas))
         if mine & taken or port + s.num_replicas - 1 > 65535:
             raise ValueError(f"served.{k}.port: ports {sorted(mine)} overlap another model's or exceed 65535")

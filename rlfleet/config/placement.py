@@ -90,7 +90,8 @@ class Placement:
             f"; shared: GPU{'s' if len(self.gpus) > 1 else ''} {','.join(self.gpus)}" if self.shared else ""
         )
         served = "".join(
-            f"; served {name}: {'GPUs ' + ','.join(gpus) if gpus else 'the CPU'}" for name, gpus in self.served
+            f"; served {name}: {'GPUs ' + ','.join(gpus) if gpus else 'the CPU'}"
+            for name, gpus in self.served
         )
         return f"{self.mode}: inference: {inference}; trainer: {trainer}{shared}; weights: {self.transport}{served}"
 

@@ -97,7 +97,11 @@ def tokenizer_identity(path: str | Path) -> dict[str, Any]:
     (tokenizer_config.json) and `chat_template` (its own file or the config's key)."""
     p = Path(path)
     tok = json.loads((p / "tokenizer.json").read_text()) if (p / "tokenizer.json").is_file() else {}
-    conf = json.loads((p / "tokenizer_config.json").read_text()) if (p / "tokenizer_config.json").is_file() else {}
+    conf = (
+        json.loads((p / "tokenizer_config.json").read_text())
+        if (p / "tokenizer_config.json").is_file()
+        else {}
+    )
     vocab = tok.get("model", {}).get("vocab")
     added = sorted((t["id"], t["content"]) for t in tok.get("added_tokens", []))
     template = conf.get("chat_template")

@@ -145,7 +145,9 @@ class InferencePool:
         for r in dead:
             code = r.process.returncode()
             why = "its /health failed" if code is None else f"it exited with code {code}"
-            log.warning("vLLM %s replica %d at %s is dead (%s): relaunching", self.cfg.name, r.index, r.url, why)
+            log.warning(
+                "vLLM %s replica %d at %s is dead (%s): relaunching", self.cfg.name, r.index, r.url, why
+            )
         if dead or not self.replicas:
             self.relaunched += [
                 {"replica": r.index, "exit_code": r.process.returncode(), "weights": self.policy_step}

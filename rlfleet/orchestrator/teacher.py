@@ -63,18 +63,28 @@ class Teacher:
                 await self._heal(None)
             url = self._urls[next(self._next) % len(self._urls)]
             try:
-                async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=self.timeout_s), verify=tls()) as c:
-                    resp = await c.post(f"{url}/v1/completions", json=prompt_logprobs_body(self.name, prompts))
+                async with httpx.AsyncClient(
+                    timeout=httpx.Timeout(30.0, read=self.timeout_s), verify=tls()
+                ) as c:
+                    resp = await c.post(
+                        f"{url}/v1/completions", json=prompt_logprobs_body(self.name, prompts)
+                    )
                 if 400 <= resp.status_code < 500:  # our request is wrong: no retry fixes it
-                    raise DeterministicError(f"teacher {self.name} at {url}: HTTP {resp.status_code}: {resp.text[:300]}")
+                    raise DeterministicError(
+                        f"teacher {self.name} at {url}: HTTP {resp.status_code}: {resp.text[:300]}"
+                    )
                 resp.raise_for_status()
                 choices = sorted(resp.json()["choices"], key=lambda c: c["index"])
                 return [parse_prompt_logprobs(c, p) for c, p in zip(choices, prompts, strict=True)]
             except (httpx.HTTPError, TransientError) as exc:
                 failures += 1
                 if failures >= self.attempts:
-                    raise TransientError(f"teacher {self.name}: {failures} failed requests; last: {exc}") from exc
-                log.warning("teacher %s at %s failed (%s: %s); asking again", self.name, url, type(exc).__name__, exc)
+                    raise TransientError(
+                        f"teacher {self.name}: {failures} failed requests; last: {exc}"
+                    ) from exc
+                log.warning(
+                    "teacher %s at %s failed (%s: %s); asking again", self.name, url, type(exc).__name__, exc
+                )
                 await self._heal(url)
 
     async def _heal(self, failed: str | None) -> None:

@@ -134,7 +134,9 @@ class RunDir:
 
     def replica_log(self, index: int, model: str = "policy") -> Path:
         """The policy's replica i: `replica_<i>.log`; a `[[served]]` model's: `<name>_<i>.log`."""
-        return self.logs("inference") / (f"replica_{index}.log" if model == "policy" else f"{model}_{index}.log")
+        return self.logs("inference") / (
+            f"replica_{index}.log" if model == "policy" else f"{model}_{index}.log"
+        )
 
     @staticmethod
     def replica_pidfile(index: int, model: str = "policy") -> str:

@@ -33,6 +33,8 @@ def distill_advantages(
     return adv.expand_as(sampler_logprobs) + coef * gap
 
 
-def reverse_kl_sum(sampler_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def reverse_kl_sum(
+    sampler_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """Sum over loss tokens of the k1 estimate of KL(student || teacher): what distillation drives to 0."""
     return ((sampler_logprobs - teacher_logprobs) * mask.to(sampler_logprobs.dtype)).sum()
