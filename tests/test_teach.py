@@ -156,6 +156,13 @@ def test_served_config_names_ports_and_teacher():
         ("a", 9002, 513),
         ("b", 9004, 513),
     ]
+    both = base | {  # async and LoRA: accepted as they are (the term travels with each sample)
+        "served": [{"name": "t", "path": "t"}],
+        "loss": {"distill": {"teacher": "t"}},
+        "orchestrator": {"max_async_level": 1},
+        "trainer": {"lora": {"rank": 8}},
+    }
+    assert RLConfig.model_validate(both).loss.distill.coef == 1.0
     for bad, match in (
         ({"served": [{"name": "policy", "path": "a"}]}, "other than 'policy'"),
         ({"served": [{"name": "a", "path": "a"}, {"name": "a", "path": "b"}]}, "names must be unique"),
@@ -256,3 +263,32 @@ def test_a_judge_that_times_out_or_is_missing_scores_zero_counted_and_named(tmp_
     )
     stats = rollout_stats(records)
     assert stats["reward_errors"] == 2 and stats["first_error"] == f"j: {records[0]['error']}"
+
+
+def test_distill_trains_lora_adapters_with_no_special_case(tiny_model):
+    """LoRA needs nothing of its own: the term is in the advantages, the adapters take the step."""
+    from rlfleet.config.lora import LoraConfig
+    from rlfleet.config.models import TrainerConfig
+    from rlfleet.trainer.lora import wrap
+    from rlfleet.trainer.train import Policy, load_model, make_optimizer, train_step
+
+    records = with_teacher(random_records(8))
+    for r in records:
+        r["advantage"] = 0.0  # pure distillation: every gradient comes from the teacher's term
+    micro = micro_batches(records, 0, 8, 64)
+    torch.manual_seed(0)
+    model = Policy(wrap(load_model(str(tiny_model), "float32", torch.device("cpu")), LoraConfig(rank=4)))
+    cfg = TrainerConfig()
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    norm = StepNorm(int(sum(mb["loss_mask"][:, 1:].sum() for mb in micro)))
+    out = train_step(
+        model,
+        make_optimizer(model, cfg),
+        micro,
+        PolicyLoss(LossConfig(distill={"teacher": "t"}), norm),
+        cfg.max_grad_norm,
+    )
+    assert out["grad_norm"] > 0 and out["distill_kl"] > 0
+    after = dict(model.named_parameters())
+    assert before and any(not torch.equal(before[n], after[n]) for n in before)
+    assert all("lora" in n for n in before)
