@@ -196,7 +196,7 @@ def wait_ready(cfg: InferenceJobConfig, replicas: list[Replica]) -> list[Replica
             )
         if cfg.num_gpus:
             t_warm = time.monotonic()
-            asyncio.run(warm_up([rep.url for rep in replicas]))
+            asyncio.run(warm_up([rep.url for rep in replicas], model=cfg.name))
             log.info("vLLM replicas warmed up in %.1f s", time.monotonic() - t_warm)
     except BaseException:
         stop_replicas(replicas)
@@ -210,12 +210,14 @@ def wait_ready(cfg: InferenceJobConfig, replicas: list[Replica]) -> list[Replica
     return replicas
 
 
-async def warm_up(urls: list[str], requests: int = 32, n: int = 8, max_tokens: int = 16) -> None:
+async def warm_up(
+    urls: list[str], requests: int = 32, n: int = 8, max_tokens: int = 16, model: str = SERVED_NAME
+) -> None:
     """Requests shaped like a sampler's step on each fresh GPU replica (n samples each, per-token
     logprobs), answered before the first rollout: a fresh server's first such batch runs code
     paths its own start-up did not (0.5B shape, H100: 0.82 s for step 0's sampling against 0.33 s
     for later steps)."""
-    body = generate_body(list(range(1, 9)), n, max_tokens)
+    body = generate_body(list(range(1, 9)), n, max_tokens) | {"model": model}  # a served model's own name
     async with httpx.AsyncClient(timeout=120, verify=tls()) as client:
         sent = [client.post(f"{url}/{GENERATE}", json=body) for url in urls for _ in range(requests)]
         for resp in await asyncio.gather(*sent):
