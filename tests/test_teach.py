@@ -83,6 +83,14 @@ def test_distill_reaches_the_loss_as_that_advantage(seq_len):
         )["distill_kl"]
         > 0
     )
+    pure, _ = PolicyLoss(LossConfig(distill={"teacher": "t", "coef": 0.7, "with_reward": False}), norm)(
+        mb, lp, None
+    )
+    plain_mb["advantages"] = distill_advantages(
+        torch.zeros_like(adv), mb["old_logprobs"][:, 1:], mb["teacher_logprobs"][:, 1:], mask, 0.7
+    )
+    plain_mb["advantages"] = torch.cat([plain_mb["advantages"][:, :1], plain_mb["advantages"]], 1)
+    assert torch.allclose(pure, PolicyLoss(LossConfig(), norm)(plain_mb, lp, None)[0])
     with pytest.raises(ValueError, match="no teacher_logprobs"):
         distill({k: v for k, v in mb.items() if k != "teacher_logprobs"}, lp, None)
 

@@ -47,6 +47,11 @@ class DistillConfig(Strict):
         description="The `[[served]]` model whose logprobs the student is pulled to."
     )
     coef: float = Field(1.0, gt=0.0, description="Weight of the per-token reverse-KL term in the advantage.")
+    with_reward: bool = Field(
+        True,
+        description="True: the term is added to the task's advantage (mixed); False: pure distillation, "
+        "the task's advantage is dropped (rewards are still computed and logged).",
+    )
 
 
 class LossConfig(Strict):

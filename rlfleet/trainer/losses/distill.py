@@ -9,7 +9,7 @@ the policy gradient through the advantage, beside (or instead of) the task's:
 
     A_t = A + coef x (log pi_teacher(x_t | x_<t) - log pi_student(x_t | x_<t))
 
-with log pi_student the sampler's logprob (the policy that sampled x_t, vLLM's), so the term is a
+(A = 0 with `with_reward = false`: pure distillation) with log pi_student the sampler's logprob (the policy that sampled x_t, vLLM's), so the term is a
 fixed per-token reward and every loss type (PPO-clip, GSPO, CISPO, a user's) optimises it as it
 optimises A. Tokens the teacher finds likelier than the student did are pushed up, the others down.
 """

@@ -47,6 +47,7 @@ class PolicyLoss:
             if "teacher_logprobs" not in mb:
                 raise ValueError("loss.distill: the batch carries no teacher_logprobs")
             teacher = mb["teacher_logprobs"][:, 1:]
+            adv = adv if self.cfg.distill.with_reward else torch.zeros_like(adv)  # pure distillation
             adv = distill_advantages(adv, sampler, teacher, mask, self.cfg.distill.coef)
             distill_kl = reverse_kl_sum(sampler, teacher, mask)
         loss, stats = micro_batch_loss(
