@@ -86,9 +86,8 @@ class Placement:
             trainer = f"{ranks} {kind} on GPU{'s' if ranks > 1 else ''} {','.join(self.trainer)}"
         else:
             trainer = "the CPU"
-        shared = (
-            f"; shared: GPU{'s' if len(self.gpus) > 1 else ''} {','.join(self.gpus)}" if self.shared else ""
-        )
+        run = list(dict.fromkeys(self.inference_gpus + self.trainer_gpus))  # a served model's are its own
+        shared = f"; shared: GPU{'s' if len(run) > 1 else ''} {','.join(run)}" if self.shared else ""
         served = "".join(
             f"; served {name}: {'GPUs ' + ','.join(gpus) if gpus else 'the CPU'}"
             for name, gpus in self.served
