@@ -7,6 +7,7 @@ records -> micro-batches -> files. A record is a trajectory's token fields (`inp
   loss_mask [B, L]      1 where the token at that position was sampled by the model, 0 elsewhere
   old_logprobs [B, L]   the sampler's logprob of that token (0 elsewhere)
   advantages [B]        the sequence's advantage
+  teacher_logprobs [B, L]  with `loss.distill` only: the teacher's logprob of that token (0 elsewhere)
   real_tokens [B]       how many leading positions of the row are tokens (the rest is padding)
 With seq_len > 0 sequences are packed instead: rows of exactly seq_len tokens holding several
 sequences, `position_ids [R, L]` restarting at each one (the loss tells sequences apart by them),
@@ -95,26 +96,44 @@ def padded(records: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor
         loss_mask[i, :k] = torch.tensor(r["loss_mask"], dtype=torch.float32)
         old_logprobs[i, :k] = torch.tensor(r["logprobs"], dtype=torch.float32)
     advantages = torch.tensor([r["advantage"] for r in records], dtype=torch.float32)
-    return {
+    out = {
         "input_ids": input_ids,
         "loss_mask": loss_mask,
         "old_logprobs": old_logprobs,
         "advantages": advantages,
         "real_tokens": torch.tensor([len(r["input_ids"]) for r in records], dtype=torch.long),
     }
+    if distilled(records):
+        teacher = torch.zeros((n, length), dtype=torch.float32)
+        for i, r in enumerate(records):
+            teacher[i, : len(r["input_ids"])] = torch.tensor(r["teacher_logprobs"], dtype=torch.float32)
+        out["teacher_logprobs"] = teacher
+    return out
+
+
+def distilled(records: list[dict[str, Any]]) -> bool:
+    """Whether the records carry a teacher's logprobs (loss.distill): all of them, or none."""
+    have = ["teacher_logprobs" in r for r in records]
+    if any(have) and not all(have):
+        raise ValueError(f"{have.count(False)} of {len(records)} records lack teacher_logprobs")
+    return bool(records) and all(have)
 
 
 def _tokens(r: dict[str, Any]) -> dict[str, list[float]]:
-    return {
+    out = {
         "input_ids": r["input_ids"],
         "loss_mask": [float(m) for m in r["loss_mask"]],
         "old_logprobs": list(r["logprobs"]),
         "advantages": [r["advantage"]] * len(r["input_ids"]),
     }
+    if "teacher_logprobs" in r:
+        out["teacher_logprobs"] = list(r["teacher_logprobs"])
+    return out
 
 
 PACK_PAD = {"input_ids": 0, "loss_mask": 0.0, "old_logprobs": 0.0, "advantages": 0.0}
 PACK_DTYPES = {k: torch.long if k == "input_ids" else torch.float32 for k in PACK_PAD}
+PACK_DTYPES["teacher_logprobs"] = torch.float32
 
 
 def packed_micro_batches(
@@ -123,7 +142,7 @@ def packed_micro_batches(
     """Records packed into rows of `seq_len` tokens, `rows_per_micro` rows per micro-batch."""
     seqs = [_tokens(r) for r in records]
     rows = first_fit([len(s["input_ids"]) for s in seqs], seq_len)
-    pad = {**PACK_PAD, "input_ids": pad_id}
+    pad = {**PACK_PAD, "input_ids": pad_id} | ({"teacher_logprobs": 0.0} if distilled(records) else {})
     return [
         pack_rows(seqs, rows[i : i + rows_per_micro], seq_len, pad, PACK_DTYPES)
         for i in range(0, len(rows), rows_per_micro)

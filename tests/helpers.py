@@ -204,7 +204,9 @@ class KillWhen(threading.Thread):
             return False
 
 
-def prompt_logprobs(url: str, prompt_ids: list[int], timeout_s: float = 60.0) -> list[float]:
+def prompt_logprobs(
+    url: str, prompt_ids: list[int], timeout_s: float = 60.0, model: str = "policy"
+) -> list[float]:
     """The server's logprob of each prompt token after the first: a fingerprint of its weights."""
     import httpx
 
@@ -213,7 +215,7 @@ def prompt_logprobs(url: str, prompt_ids: list[int], timeout_s: float = 60.0) ->
     resp = httpx.post(
         f"{url}/v1/completions",
         json={
-            "model": "policy",
+            "model": model,
             "prompt": prompt_ids,
             "max_tokens": 1,
             "temperature": 0.0,

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlfleet.config.base import Strict
+from rlfleet.config.base import NonEmptyStr, Strict
 from rlfleet.usercode import UserCodeError, load_object
 
 BUILTIN_LOSSES = ("grpo", "dr_grpo", "gspo", "cispo")
@@ -37,6 +37,21 @@ def resolve_user_loss(ref: str) -> str:
         raise ValueError(f"{ref!r} is not callable")
     target, _, name = ref.rpartition(":")
     return f"{Path(target).resolve()}:{name}" if target.endswith(".py") else ref
+
+
+class DistillConfig(Strict):
+    """On-policy distillation (docs/algorithms.md): the teacher's logprob of each sampled token
+    joins the advantage, A_t += coef x (teacher logprob - student logprob)."""
+
+    teacher: NonEmptyStr = Field(
+        description="The `[[served]]` model whose logprobs the student is pulled to."
+    )
+    coef: float = Field(1.0, gt=0.0, description="Weight of the per-token reverse-KL term in the advantage.")
+    with_reward: bool = Field(
+        True,
+        description="True: the term is added to the task's advantage (mixed); False: pure distillation, "
+        "the task's advantage is dropped (rewards are still computed and logged).",
+    )
 
 
 class LossConfig(Strict):
@@ -83,6 +98,9 @@ class LossConfig(Strict):
     is_low: float = Field(0.5, ge=0.0, description="*_mis: weights below leave the loss.")
     is_high: float = Field(
         2.0, gt=0.0, description="*_tis: the weight's cap C; *_mis: weights above leave the loss."
+    )
+    distill: DistillConfig | None = Field(
+        None, description="On-policy distillation from a served teacher, beside any loss type; unset: off."
     )
 
     @model_validator(mode="after")

@@ -26,6 +26,7 @@ from rlfleet.config.inference import InferenceConfig
 from rlfleet.config.loss import WithLoss
 from rlfleet.config.model import ModelConfig
 from rlfleet.config.rollouts import EvalConfig, OrchestratorConfig
+from rlfleet.config.served import POLICY, ServedModelConfig, check_served_gpus, served_ports
 from rlfleet.config.trainer import BenchConfig, TrainerConfig
 from rlfleet.config.weights import AutoConfig, WeightsConfig
 
@@ -73,8 +74,12 @@ class TrainerJobConfig(_RunBase, WithLoss):
 
 
 class InferenceJobConfig(Strict):
-    """What the vLLM replicas of a run need; the `rl` flow writes it as `configs/inference.toml`."""
+    """What the vLLM replicas of a run need; the `rl` flow writes it as `configs/inference.toml`.
+    A served model (`[[served]]`) gets one too, under its own `name`."""
 
+    name: str = Field(
+        POLICY, description="vLLM's served model name; also its replicas' log and pidfile names."
+    )
     output_dir: str = Field("outputs/run", description="The run store (logs, pidfiles, weights to load).")
     seed: int = Field(0, description="vLLM's seed.")
     model: ModelConfig
@@ -149,6 +154,11 @@ class RLConfig(_FlowRunBase, WithLoss):
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig, description="The stall watchdog.")
+    served: list[ServedModelConfig] = Field(
+        default_factory=list,
+        description="[[served]]: frozen models served beside the policy (teachers, judges); weights never "
+        "change on them.",
+    )
 
     @model_validator(mode="after")
     def _sections_agree(self) -> RLConfig:
@@ -160,6 +170,7 @@ class RLConfig(_FlowRunBase, WithLoss):
         self.weights.check(d, i.urls)
         sleep_fits(i, o, d)
         self.faults.check(o.env)
+        served_fit(self)
         return self
 
     def trainer_job(self, gpu_ids: list[str] | None = None) -> TrainerJobConfig:
@@ -181,6 +192,35 @@ class RLConfig(_FlowRunBase, WithLoss):
             weights=self.weights,
             gpu_ids=gpu_ids or [],
         )
+
+    def served_jobs(self, gpus: dict[str, list[str]] | None = None) -> list[InferenceJobConfig]:
+        """One job per served model: its replicas, launched and relaunched as the policy's are."""
+        i, gpus = self.inference, gpus or {}
+        ports = served_ports(self.served, i.port + i.num_replicas)
+        return [
+            InferenceJobConfig(
+                name=s.name,
+                output_dir=self.output_dir,
+                seed=self.seed,
+                model=ModelConfig(path=s.path, dtype=self.model.dtype),
+                inference=InferenceConfig(
+                    host=i.host,
+                    port=port,
+                    num_replicas=s.num_replicas,
+                    tensor_parallel_size=s.tensor_parallel_size,
+                    max_model_len=s.max_model_len or i.max_model_len + 1,
+                    dtype=i.dtype,
+                    gpu_memory_utilization=s.gpu_memory_utilization,
+                    cpu_kv_cache_gib=i.cpu_kv_cache_gib,
+                    cpu_threads_bind=i.cpu_threads_bind,
+                    startup_timeout_s=i.startup_timeout_s,
+                    extra_args=s.extra_args,
+                ),
+                weights=self.weights,
+                gpu_ids=gpus.get(s.name, []),
+            )
+            for s, port in zip(self.served, ports, strict=True)
+        ]
 
     def _base(self) -> dict:
         return dict(output_dir=self.output_dir, seed=self.seed, max_steps=self.max_steps, model=self.model)
@@ -210,6 +250,35 @@ def replicas_fit_gpus(d: Deployment, i: InferenceConfig) -> None:
         raise ValueError(
             f"deployment.num_inference_gpus ({d.num_inference_gpus}) must equal inference.num_replicas x "
             f"inference.tensor_parallel_size ({i.num_replicas} x {i.tensor_parallel_size})"
+        )
+
+
+def served_fit(cfg: RLConfig) -> None:
+    """Served models have unique names, their ports do not overlap the policy's, and a teacher
+    (`loss.distill.teacher`) is one of them and sees whole trajectories."""
+    names = [s.name for s in cfg.served]
+    if len(set(names)) != len(names):
+        raise ValueError(f"served: names must be unique, got {names}")
+    check_served_gpus(cfg.served)
+    i = cfg.inference
+    taken = set(range(i.port, i.port + i.num_replicas))
+    for k, (s, port) in enumerate(
+        zip(cfg.served, served_ports(cfg.served, i.port + i.num_replicas), strict=True)
+    ):
+        mine = set(range(port, port + s.num_replicas))
+        if mine & taken or port + s.num_replicas - 1 > 65535:
+            raise ValueError(f"served.{k}.port: ports {sorted(mine)} overlap another model's or exceed 65535")
+        taken |= mine
+    d = cfg.loss.distill
+    if d is None:
+        return
+    teacher = next((s for s in cfg.served if s.name == d.teacher), None)
+    if teacher is None:
+        raise ValueError(f"loss.distill.teacher: {d.teacher!r} is not a [[served]] model (served: {names})")
+    if teacher.max_model_len is not None and teacher.max_model_len <= i.max_model_len:
+        raise ValueError(
+            f"served.{names.index(d.teacher)}.max_model_len ({teacher.max_model_len}) must exceed "
+            f"inference.max_model_len ({i.max_model_len}): the teacher scores whole trajectories"
         )
 
 

@@ -44,6 +44,7 @@ class Placement:
     replicas: tuple[tuple[str, ...], ...]  # per replica its GPUs; () when inference is on a CPU
     trainer: tuple[str, ...]  # per trainer rank its GPU; () for a CPU trainer
     transport: str  # weights.transport, `auto` placed
+    served: tuple[tuple[str, tuple[str, ...]], ...] = ()  # per [[served]] model: (name, its GPUs)
 
     @property
     def inference_gpus(self) -> list[str]:
@@ -60,7 +61,12 @@ class Placement:
     @property
     def gpus(self) -> list[str]:
         """Every GPU the run holds, once each (what its leases and a SLURM job ask for)."""
-        return list(dict.fromkeys(self.inference_gpus + self.trainer_gpus))
+        served = [g for _, gpus in self.served for g in gpus]
+        return list(dict.fromkeys(self.inference_gpus + self.trainer_gpus + served))
+
+    @property
+    def served_gpus(self) -> dict[str, list[str]]:
+        return {name: list(gpus) for name, gpus in self.served}
 
     def describe(self) -> str:
         """One line: what runs where (the flow's log, `configs/placement.json`)."""
@@ -80,10 +86,13 @@ class Placement:
             trainer = f"{ranks} {kind} on GPU{'s' if ranks > 1 else ''} {','.join(self.trainer)}"
         else:
             trainer = "the CPU"
-        shared = (
-            f"; shared: GPU{'s' if len(self.gpus) > 1 else ''} {','.join(self.gpus)}" if self.shared else ""
+        run = list(dict.fromkeys(self.inference_gpus + self.trainer_gpus))  # a served model's are its own
+        shared = f"; shared: GPU{'s' if len(run) > 1 else ''} {','.join(run)}" if self.shared else ""
+        served = "".join(
+            f"; served {name}: {'GPUs ' + ','.join(gpus) if gpus else 'the CPU'}"
+            for name, gpus in self.served
         )
-        return f"{self.mode}: inference: {inference}; trainer: {trainer}{shared}; weights: {self.transport}"
+        return f"{self.mode}: inference: {inference}; trainer: {trainer}{shared}; weights: {self.transport}{served}"
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "describe": self.describe()}, indent=2)
@@ -178,6 +187,8 @@ def _place(cfg: RLConfig, visible: list[str], shape: ModelShape | None) -> tuple
     problems += [p for p in [transport.placement(inf, train)] if p]
     if i.sleep:
         problems += [p for p in [not_shared("inference.sleep", inf, train)] if p]
+    served, more = served_gpus(cfg, visible, set(inf) | set(train))
+    problems += more
     tp = i.tensor_parallel_size
     replicas = tuple(tuple(inf[r * tp : (r + 1) * tp]) for r in range(len(inf) // tp))
     if d.type == "multi_node":
@@ -186,7 +197,26 @@ def _place(cfg: RLConfig, visible: list[str], shape: ModelShape | None) -> tuple
         mode = "cpu"
     else:
         mode = "colocated" if shares(inf, train) else "disaggregated"
-    return Placement(mode, i.num_replicas, tp, replicas, tuple(train), transport.transport), problems
+    placement = Placement(mode, i.num_replicas, tp, replicas, tuple(train), transport.transport, served)
+    return placement, problems
+
+
+def served_gpus(
+    cfg: RLConfig, visible: list[str], taken: set[str]
+) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], list[str]]:
+    """Each `[[served]]` model's GPUs: the next free visible ones, in order, after the policy's
+    replicas and the trainer's ranks (a frozen model never shares them)."""
+    free = [g for g in visible if g not in taken]
+    out, problems = [], []
+    for k, s in enumerate(cfg.served):
+        if s.num_gpus > len(free):
+            problems.append(
+                f"served.{k}.num_gpus: {s.num_gpus} GPUs for {s.name!r} but {len(free)} visible ones are left "
+                "after the policy's and the trainer's"
+            )
+        out.append((s.name, tuple(free[: s.num_gpus])))
+        free = free[s.num_gpus :]
+    return tuple(out), problems
 
 
 def check_gpus(cfg: RLConfig, visible: list[str] | None = None) -> tuple[Placement | None, list[str]]:
@@ -196,7 +226,10 @@ def check_gpus(cfg: RLConfig, visible: list[str] | None = None) -> tuple[Placeme
     d = cfg.deployment
     if visible is None:
         visible = (
-            [] if d.type == "multi_node" or not (d.num_inference_gpus or d.num_train_gpus) else visible_gpus()
+            []
+            if d.type == "multi_node"
+            or not (d.num_inference_gpus or d.num_train_gpus or any(s.num_gpus for s in cfg.served))
+            else visible_gpus()
         )
     return _place(cfg, visible, model_shape(cfg.model.path))
 

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from rlfleet.config.models import InferenceJobConfig
+from rlfleet.config.served import POLICY
 from rlfleet.errors import DeterministicError, TransientError
 from rlfleet.inference.server import (
     Replica,
@@ -42,8 +43,12 @@ WATCH_INTERVAL_S = 1.0  # how often the pool looks at its replicas' processes an
 
 
 class InferencePool:
+    """The policy's replicas, or (`cfg.name` another) a `[[served]]` model's: the same launch,
+    watch and relaunch, but a frozen pool never loads weights nor writes the served version."""
+
     def __init__(self, cfg: InferenceJobConfig):
         self.cfg = cfg
+        self.frozen = cfg.name != POLICY  # teachers and judges: weights never change on them
         self.replicas: list[Replica] = []
         self.policy_step = -1  # weight version the servers hold; -1 = the initial model
         # the newest weights on disk they loaded: what a relaunch starts from
@@ -87,7 +92,8 @@ class InferencePool:
         replica that died then was first noticed by the next broadcast. External replicas are not
         this controller's to relaunch."""
         if self._watcher is None and not self.cfg.inference.urls and not self.closed:
-            self._watcher = threading.Thread(target=self._watch, name="rlfleet-replica-watch", daemon=True)
+            name = "rlfleet-replica-watch" + ("" if not self.frozen else f"-{self.cfg.name}")
+            self._watcher = threading.Thread(target=self._watch, name=name, daemon=True)
             self._watcher.start()
 
     def _watch(self) -> None:
@@ -139,7 +145,9 @@ class InferencePool:
         for r in dead:
             code = r.process.returncode()
             why = "its /health failed" if code is None else f"it exited with code {code}"
-            log.warning("vLLM replica %d at %s is dead (%s): relaunching", r.index, r.url, why)
+            log.warning(
+                "vLLM %s replica %d at %s is dead (%s): relaunching", self.cfg.name, r.index, r.url, why
+            )
         if dead or not self.replicas:
             self.relaunched += [
                 {"replica": r.index, "exit_code": r.process.returncode(), "weights": self.policy_step}
@@ -148,7 +156,8 @@ class InferencePool:
             with self.progress.starting_up("vLLM replicas"):
                 self._relaunch(dead)
             self.unsynced = self.ticket is not None
-            write_served(run_store(self.cfg.output_dir), self.policy_step)
+            if not self.frozen:
+                write_served(run_store(self.cfg.output_dir), self.policy_step)
         if self.unsynced:
             self._resync()
         return self.urls
@@ -199,6 +208,8 @@ class InferencePool:
         """Load a weights ticket (rlfleet/weights) on every replica at once, requests in flight
         paused in place; a small manifest back."""
         step = ticket["step"]
+        if self.frozen:
+            raise DeterministicError(f"served model {self.cfg.name!r} is frozen: no weights are loaded on it")
         with self.progress.waiting(f"broadcast-{step}", f"step {step}'s weights to load"), self.lock:
             return self._broadcast(ticket)
 

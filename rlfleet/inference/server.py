@@ -49,7 +49,7 @@ def server_args(cfg: InferenceJobConfig, port: int, model_path: str | None = Non
         "--model",
         model_path or cfg.model.path,
         "--served-model-name",
-        SERVED_NAME,
+        cfg.name,
         "--host",
         i.host,
         "--port",
@@ -167,12 +167,12 @@ def start_replica(cfg: InferenceJobConfig, r: int, model_path: str | None = None
     port = i.port + r
     idx = i.replica_offset + r  # unique across a multi-node job's inference nodes
     proc = ManagedProcess(
-        name=f"inference-{idx}",
+        name=f"inference-{idx}" if cfg.name == SERVED_NAME else f"{cfg.name}-{idx}",
         cmd=python_module_cmd(
             cpu_server.SERVER if cfg.num_gpus else cpu_server.__name__, server_args(cfg, port, model_path)
         ),
-        log_path=here.replica_log(idx),
-        pidfile=here.pidfile(f"inference_{idx}"),
+        log_path=here.replica_log(idx, cfg.name),
+        pidfile=here.pidfile(here.replica_pidfile(idx, cfg.name)),
         env=replica_env(cfg, r),
     ).start()
     return Replica(idx, f"http://{i.host}:{port}", proc, t0=time.monotonic())
@@ -196,26 +196,28 @@ def wait_ready(cfg: InferenceJobConfig, replicas: list[Replica]) -> list[Replica
             )
         if cfg.num_gpus:
             t_warm = time.monotonic()
-            asyncio.run(warm_up([rep.url for rep in replicas]))
+            asyncio.run(warm_up([rep.url for rep in replicas], model=cfg.name))
             log.info("vLLM replicas warmed up in %.1f s", time.monotonic() - t_warm)
     except BaseException:
         stop_replicas(replicas)
         raise
     for rep in replicas:
         rep.started = (
-            f"vLLM replica {rep.index} at {rep.url} ready in {time.monotonic() - rep.t0:.0f} s; "
+            f"vLLM {'' if cfg.name == SERVED_NAME else cfg.name + ' '}replica {rep.index} at {rep.url} ready in {time.monotonic() - rep.t0:.0f} s; "
             f"{kv_cache(rep)}; log: {rep.process.log_path}"
         )
         log.info(rep.started)
     return replicas
 
 
-async def warm_up(urls: list[str], requests: int = 32, n: int = 8, max_tokens: int = 16) -> None:
+async def warm_up(
+    urls: list[str], requests: int = 32, n: int = 8, max_tokens: int = 16, model: str = SERVED_NAME
+) -> None:
     """Requests shaped like a sampler's step on each fresh GPU replica (n samples each, per-token
     logprobs), answered before the first rollout: a fresh server's first such batch runs code
     paths its own start-up did not (0.5B shape, H100: 0.82 s for step 0's sampling against 0.33 s
     for later steps)."""
-    body = generate_body(list(range(1, 9)), n, max_tokens)
+    body = generate_body(list(range(1, 9)), n, max_tokens) | {"model": model}  # a served model's own name
     async with httpx.AsyncClient(timeout=120, verify=tls()) as client:
         sent = [client.post(f"{url}/{GENERATE}", json=body) for url in urls for _ in range(requests)]
         for resp in await asyncio.gather(*sent):

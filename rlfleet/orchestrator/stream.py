@@ -41,6 +41,7 @@ from rlfleet.orchestrator.rollout import (
 )
 from rlfleet.orchestrator.sampler import Replicas, Sample, Sampler
 from rlfleet.orchestrator.shaping import shape_overlong, step_shaping
+from rlfleet.orchestrator.teacher import Teacher
 from rlfleet.progress import Progress
 from rlfleet.store import RunStore, layout
 
@@ -63,8 +64,10 @@ class RolloutStream:
         next_step: int,
         max_steps: int | None = None,  # no groups for steps from it on (None: no last step)
         progress: Progress | None = None,  # the run's, for the stall watchdog (progress.py)
+        teacher: Teacher | None = None,  # loss.distill: its logprobs join each finished group
     ):
         self.progress = progress or Progress()
+        self.teacher = teacher
         self.cfg, self.store, self.replicas, self.served, self.seed = cfg, store, replicas, served, seed
         self.model_path = model_path
         self.params = SamplingParams(
@@ -277,6 +280,8 @@ class RolloutStream:
         try:
             trajs = await rollout_group(env, example, self.params, tok, sampler, samples)
             finished = Group(uid, env.name, [trajectory_record(t, 0, env.name, served) for t in trajs])
+            if self.teacher is not None:  # overlaps the other groups' sampling (teacher.py)
+                await self.teacher.score(finished.records)
             tokens = sum(sum(r["loss_mask"]) for r in finished.records)  # before a mask shapes them
             shape_overlong(finished.records, self.cfg.shaping, self.cfg.max_tokens)
             await asyncio.to_thread(self.buffer.write, finished)  # off the loop: fsync

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlfleet.config.deployment import slurm_missing
 from rlfleet.config.gpu_defaults import gpu_defaults, split_cpus
 from rlfleet.config.inference import check_ports
@@ -10,6 +12,7 @@ from rlfleet.config.lora import check_lora
 from rlfleet.config.model import check_model
 from rlfleet.config.models import RLConfig
 from rlfleet.config.placement import Placement, check_gpus
+from rlfleet.config.served import check_teacher_tokenizer
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.store import RunDir, layout, run_store
 from rlfleet.store.writable import check_output_dir
@@ -27,6 +30,8 @@ def write_configs(cfg: RLConfig, placement: Placement) -> dict[str, str]:
     if cfg.deployment.type == "single_node":
         jobs["trainer"] = cfg.trainer_job(placement.trainer_gpus)
         jobs["inference"] = cfg.inference_job(placement.inference_gpus)
+        for job in cfg.served_jobs(placement.served_gpus):
+            jobs[f"served_{job.name}"] = job
     paths = {}
     for name, job in jobs.items():
         store.write_text(layout.config(name), to_toml(job))
@@ -45,6 +50,7 @@ def preflight(cfg: RLConfig, ports: bool = True) -> Placement:
     ports=False: the run's replicas were started already (they hold the ports)."""
     problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_lora(cfg.trainer.lora)
     problems += check_ports(cfg.inference) if ports else []
+    problems += check_served(cfg, ports)
     problems += check_envs(cfg.orchestrator.env, "orchestrator.env")
     if cfg.eval.interval:
         problems += check_envs(cfg.eval.env, "eval.env")
@@ -55,6 +61,20 @@ def preflight(cfg: RLConfig, ports: bool = True) -> Placement:
     raise_if(problems + placing)
     assert placement is not None  # no problems: placed
     return placement
+
+
+def check_served(cfg: RLConfig, ports: bool = True) -> list[str]:
+    """The `[[served]]` models' launch checks: their directories, free ports, and a distillation
+    teacher that tokenizes as the policy does (config/served.py)."""
+    problems = []
+    for k, (s, job) in enumerate(zip(cfg.served, cfg.served_jobs(), strict=True)):
+        if not (Path(s.path) / "config.json").is_file():
+            problems.append(f"served.{k}.path: {s.path} is not a model directory (no config.json)")
+        elif cfg.loss.distill and cfg.loss.distill.teacher == s.name:
+            problems += check_teacher_tokenizer(cfg.model.path, s, "loss.distill.teacher")
+        if ports:
+            problems += [p.replace("inference.port", f"served.{k}.port") for p in check_ports(job.inference)]
+    return problems
 
 
 def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, Placement]:

@@ -15,10 +15,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from rlfleet import judges
 from rlfleet.config.models import RLConfig
 from rlfleet.config.placement import Placement
 from rlfleet.inference.pool import InferencePool
 from rlfleet.orchestrator.stream import RolloutStream
+from rlfleet.orchestrator.teacher import Teacher
 from rlfleet.procs import kill_group
 from rlfleet.progress import Progress
 from rlfleet.runs.configs import resolve, write_configs
@@ -34,17 +36,24 @@ from rlfleet.trainer.resume import pristine
 _EARLY: dict[str, InferencePool] = {}
 # output_dir -> the trainer it started with them (a fresh run's only), until the flow adopts it
 _EARLY_TRAINER: dict[str, TrainerProcess] = {}
+# output_dir -> the [[served]] models' pools it started, by name
+_EARLY_SERVED: dict[str, dict[str, InferencePool]] = {}
 
 
 class RunHandles:
     """One RL run's inference pool, trainer and rollout stream (started once the pool serves)."""
 
-    def __init__(self, pool: InferencePool, trainer: TrainerProcess):
+    def __init__(
+        self, pool: InferencePool, trainer: TrainerProcess, served: dict[str, InferencePool] | None = None
+    ):
         self.pool = pool
         self.trainer = trainer
+        self.served_pools = served or {}  # [[served]]: frozen teachers and judges, by name
         self.stream: RolloutStream | None = None
         # what moved last, for the stall watchdog: the parties update one tracker
         self.progress = pool.progress = trainer.progress = Progress()
+        for p in self.served_pools.values():
+            p.progress = self.progress
         self.watchdog: StallWatchdog | None = None
 
     @classmethod
@@ -64,7 +73,16 @@ class RunHandles:
         if trainer is not None and trainer.cfg != trainer_job:
             trainer.stop()
             trainer = None
-        return cls(pool or InferencePool(job), trainer or kind(trainer_job, config_path))
+        early = _EARLY_SERVED.pop(cfg.output_dir, {})
+        served = {}
+        for sjob in cfg.served_jobs(placement.served_gpus if placement else {}):
+            p = early.pop(sjob.name, None)
+            served[sjob.name] = p if p is not None and p.cfg == sjob else InferencePool(sjob)
+            if p is not None and p is not served[sjob.name]:
+                p.shutdown()
+        for p in early.values():
+            p.shutdown()
+        return cls(pool or InferencePool(job), trainer or kind(trainer_job, config_path), served)
 
     @property
     def served(self) -> int:
@@ -72,7 +90,13 @@ class RunHandles:
         return self.pool.policy_step
 
     def start_stream(self, cfg: RLConfig, store: RunStore, next_step: int) -> RolloutStream:
-        """Keep the pool's replicas sampling into the run store's buffer, for steps from `next_step`."""
+        """Keep the pool's replicas sampling into the run store's buffer, for steps from `next_step`;
+        the served models answer `judge()` from now on, and a distillation teacher scores each group."""
+        judges.serve(dict(self.served_pools))
+        d = cfg.loss.distill
+        teacher = None
+        if d is not None:
+            teacher = Teacher(self.served_pools[d.teacher], d.teacher, cfg.orchestrator.stall_timeout_s)
         self.stream = RolloutStream(
             cfg.orchestrator,
             store,
@@ -84,8 +108,15 @@ class RunHandles:
             next_step,
             cfg.max_steps,
             self.progress,
+            teacher,
         ).start()
         return self.stream
+
+    def ensure_served(self) -> list[str]:
+        """Start every served model's replicas at once, then wait for them: what the launch logs."""
+        for p in self.served_pools.values():
+            p.start()
+        return [rep.started for p in self.served_pools.values() if p.ensure() for rep in p.replicas]
 
     def watch_stalls(self, cfg: RLConfig, store: RunStore, on_stall: Callable[[Stall], None]) -> None:
         """Start the stall watchdog (`[faults]`, runs/stalls.py), unless it is disabled."""
@@ -148,7 +179,10 @@ class RunHandles:
             self.watchdog.stop()
         if self.stream is not None:
             self.stream.stop()
+        judges.withdraw(list(self.served_pools))
         self.pool.shutdown()
+        for p in self.served_pools.values():
+            p.shutdown()
 
     def stop_trainer(self) -> None:
         """Apart from `stop_sampling`: the flow waits for its rollouts in flight between the two."""
@@ -188,6 +222,9 @@ def vllm_started_early(config: RLConfig) -> Iterator[None]:
     acquire_run_lock(store)  # a second controller would reap the first one's replicas
     pool = _EARLY[cfg.output_dir] = InferencePool(cfg.inference_job(placement.inference_gpus))
     pool.start()
+    served = _EARLY_SERVED[cfg.output_dir] = {j.name: InferencePool(j) for j in cfg.served_jobs()}
+    for p in served.values():
+        p.start()
     trainer = None
     if pristine(store):
         write_configs(cfg, placement)  # the trainer reads configs/trainer.toml
@@ -200,6 +237,8 @@ def vllm_started_early(config: RLConfig) -> Iterator[None]:
     finally:
         if _EARLY.pop(cfg.output_dir, None) is pool:
             pool.shutdown()
+        for p in _EARLY_SERVED.pop(cfg.output_dir, {}).values():
+            p.shutdown()
         if trainer is not None and _EARLY_TRAINER.pop(cfg.output_dir, None) is trainer:
             trainer.stop()
         release_run_lock(store)

@@ -132,8 +132,16 @@ class RunDir:
         """`logs/<component>/`: trainer, sft, inference, slurm."""
         return self.root / LOGS / component
 
-    def replica_log(self, index: int) -> Path:
-        return self.logs("inference") / f"replica_{index}.log"
+    def replica_log(self, index: int, model: str = "policy") -> Path:
+        """The policy's replica i: `replica_<i>.log`; a `[[served]]` model's: `<name>_<i>.log`."""
+        return self.logs("inference") / (
+            f"replica_{index}.log" if model == "policy" else f"{model}_{index}.log"
+        )
+
+    @staticmethod
+    def replica_pidfile(index: int, model: str = "policy") -> str:
+        """The `pidfile` name of a replica: `inference_<i>`, or `<name>_<i>` for a served model."""
+        return f"inference_{index}" if model == "policy" else f"{model}_{index}"
 
     def pidfile(self, name: str) -> Path:
         """`run/<name>.pid`: controller (the run's lock), trainer, inference_<i>, sft."""

@@ -46,6 +46,7 @@ class TrajectoryRecord(TypedDict):
     overlong: NotRequired[bool]  # orchestrator.shaping
     overlong_penalty: NotRequired[float]
     advantage: NotRequired[float]  # set while batching
+    teacher_logprobs: NotRequired[list[float]]  # loss.distill: the teacher's, 0.0 where logprobs is
 
 
 class PartialStart(TypedDict):
@@ -157,6 +158,7 @@ class TrainerMetrics(TypedDict):
     activation_checkpointing: NotRequired[bool]
     peak_memory_gib: NotRequired[float]
     checkpoint_seconds: NotRequired[float]  # on checkpoint steps
+    distill_kl: NotRequired[float]  # loss.distill: mean sampler - teacher logprob per loss token
     wait_seconds: NotRequired[float]  # added by the controller: how long it waited for the record
 
 

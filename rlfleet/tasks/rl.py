@@ -74,13 +74,15 @@ def _store(cfg: RLConfig) -> RunStore:
 
 def report_relaunches(cfg: RLConfig, pool: InferencePool) -> None:
     for r in pool.take_relaunched():
+        what = "with the weights of step {}".format(r["weights"]) if not pool.frozen else "(frozen)"
         recovered(
             _store(cfg),
             cfg.name,
             "replica.relaunched",
-            f"vLLM replica {r['replica']} exited with code {r['exit_code']} and was relaunched "
-            f"with the weights of step {r['weights']}",
+            f"vLLM {pool.cfg.name + ' ' if pool.frozen else ''}replica {r['replica']} exited with code {r['exit_code']} and was "
+            f"relaunched {what}",
             **r,
+            model=pool.cfg.name,
         )
 
 
@@ -88,12 +90,16 @@ def report_relaunches(cfg: RLConfig, pool: InferencePool) -> None:
 def launch_inference_pool(cfg: RLConfig, resume_from: int, run: RunHandles) -> dict[str, Any]:
     """Start (or health-check) the vLLM replicas; a resumed run loads its checkpointed weights."""
     pool = run.pool
+    for p in run.served_pools.values():  # [[served]] start beside the policy's replicas
+        p.start()
     if resume_from >= 0 and pool.policy_step != resume_from:
         out = pool.broadcast(files_ticket(_store(cfg), resume_from))
     else:
         out = {"step": pool.policy_step, "replicas": pool.ensure()}
     for rep in pool.replicas:  # start time and KV cache size, where the user looks
         get_run_logger().info(rep.started)
+    for line in run.ensure_served():
+        get_run_logger().info(line)
     return out
 
 
@@ -118,7 +124,8 @@ def rollout(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, Any]:
             out["first_error"],
         )
     out["sleep_seconds"] = data.free_gpu_seconds
-    report_relaunches(cfg, pool)
+    for p in [pool, *run.served_pools.values()]:
+        report_relaunches(cfg, p)
     if out["resent_samples"]:
         recovered(
             _store(cfg),
@@ -194,7 +201,8 @@ def broadcast_weights(cfg: RLConfig, step: int, run: RunHandles) -> dict[str, An
     weights = make_controller(cfg.weights.transport).ticket(_store(cfg), step, sender)
     fetch = time.perf_counter() - t0
     out = pool.broadcast(weights)
-    report_relaunches(cfg, pool)
+    for p in [pool, *run.served_pools.values()]:
+        report_relaunches(cfg, p)
     return {**out, "fetch_seconds": fetch, "seconds": out["seconds"] + fetch}
 
 

@@ -9,6 +9,7 @@ import torch
 
 from rlfleet.config.loss import LossConfig
 from rlfleet.trainer.losses.compose import micro_batch_loss, policy_fn
+from rlfleet.trainer.losses.distill import distill_advantages, reverse_kl_sum
 from rlfleet.trainer.losses.inputs import StepNorm
 from rlfleet.trainer.reference import Reference
 
@@ -39,18 +40,31 @@ class PolicyLoss:
             with torch.no_grad():
                 ref_lp, _ = self.ref(mb["input_ids"], self.temperature, mb.get("position_ids"))
         adv = mb["advantages"]
-        return micro_batch_loss(
+        adv = adv[:, 1:] if adv.dim() == 2 else adv
+        sampler, mask = mb["old_logprobs"][:, 1:], mb["loss_mask"][:, 1:]
+        distill_kl = None
+        if self.cfg.distill is not None:
+            if "teacher_logprobs" not in mb:
+                raise ValueError("loss.distill: the batch carries no teacher_logprobs")
+            teacher = mb["teacher_logprobs"][:, 1:]
+            adv = adv if self.cfg.distill.with_reward else torch.zeros_like(adv)  # pure distillation
+            adv = distill_advantages(adv, sampler, teacher, mask, self.cfg.distill.coef)
+            distill_kl = reverse_kl_sum(sampler, teacher, mask)
+        loss, stats = micro_batch_loss(
             self.cfg,
             self.term,
             logprobs,
-            mb["old_logprobs"][:, 1:],
-            adv[:, 1:] if adv.dim() == 2 else adv,
-            mb["loss_mask"][:, 1:],
+            sampler,
+            adv,
+            mask,
             self.norm,
             mb.get("position_ids"),
             ref_lp,
             entropy,
         )
+        if distill_kl is not None:
+            stats["distill_kl_sum"] = distill_kl
+        return loss, stats
 
     def metrics(self, totals: dict[str, float]) -> dict[str, Any]:
         n = max(self.norm.tokens, 1)
@@ -67,6 +81,7 @@ class PolicyLoss:
             ("kl_sum", "kl"),
             ("is_weight_sum", "is_weight_mean"),
             ("is_masked_tokens", "is_mask_frac"),
+            ("distill_kl_sum", "distill_kl"),
         ):
             if key in totals:
                 metrics[name] = totals[key] / n

@@ -1,0 +1,120 @@
+"""Issue 45's measured comparison: a SmolLM2-135M student learning one-digit addition
+(examples/smollm2/rl.toml) by RL, by on-policy distillation from a teacher, and by both, per step and
+per second. The teacher is the same model after RL on the task (phase 1 of this script, or `--teacher`).
+Not yet run on GPUs.
+
+    python benchmarks/distill.py --out benchmarks/results/distill_h100x2.json              # 2+ GPUs
+    python benchmarks/distill.py --out /tmp/d.json --teacher-steps 2 --steps 2 --device cpu  # a smoke run
+
+Arms (same seed, same prompts): `rl` (the task's reward only), `distill` (`loss.distill` with
+`with_reward = false`: the teacher's per-token term only; the reward is still computed, so the curves
+compare), `mixed` (both). On GPUs the policy and trainer share GPU 0 (colocated) and the teacher
+gets GPU 1 (`--teacher-gpus 1`); `--teacher-gpus 0` serves it on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from common import run_rl, write  # benchmarks/common.py puts the repo root on sys.path
+
+from rlfleet.config.loader import load
+from rlfleet.config.models import RLConfig
+from rlfleet.store import RunStore
+from tests.helpers import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "smollm2" / "rl.toml"
+
+
+def config(
+    a: argparse.Namespace, out: Path, steps: int, extra: list[str], toml: Path | None = None
+) -> RLConfig:
+    gpu = a.device == "cuda"
+    args = ["@", str(EXAMPLE)] + (["@", str(toml)] if toml else [])
+    args += [
+        "--model.path", a.model, "--output-dir", str(out), "--max-steps", str(steps),
+        "--trainer.checkpoint-interval", str(steps), "--eval.interval", str(max(steps // 2, 1)),
+        "--inference.port", str(free_port()), "--wandb.mode", "disabled",
+    ]  # fmt: skip
+    if gpu:
+        # policy and trainer share GPU 0, the teacher takes GPU 1
+        args += ["--deployment.placement", "colocated", "--deployment.num-inference-gpus", "1"]
+        args += ["--deployment.num-train-gpus", "1"]
+    return load(RLConfig, args + extra)
+
+
+def teacher_toml(path: str, a: argparse.Namespace, with_reward: bool, out: Path) -> Path:
+    toml = out / f"teacher_{with_reward}.toml"
+    toml.write_text(
+        f'[[served]]\nname = "teacher"\npath = "{path}"\nnum_gpus = {a.teacher_gpus}\n\n'
+        f'[loss.distill]\nteacher = "teacher"\ncoef = {a.coef}\nwith_reward = {str(with_reward).lower()}\n'
+    )
+    return toml
+
+
+def curve(out: Path, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per step: the task's reward, greedy pass@1 where evaluated, the teacher gap, the clock."""
+    store, t0 = RunStore(out), (steps[0]["finished_at"] - steps[0]["step_seconds"]) if steps else 0.0
+    rows = []
+    for s in steps:
+        metrics = store.read_json(f"metrics/step_{s['step']}.json")
+        rows.append(
+            {
+                "step": s["step"],
+                "mean_reward": s["mean_reward"],
+                "pass@1": {e: v["pass@1"] for e, v in s.get("eval", {}).items()},
+                "distill_kl": metrics.get("distill_kl"),
+                "step_seconds": s["step_seconds"],
+                "elapsed_s": s["finished_at"] - t0,
+                "tokens": s["num_completion_tokens"],
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="models/smollm2")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--work", default="outputs/distill_bench")
+    ap.add_argument("--teacher", default="", help="an HF directory; unset: RL the model for --teacher-steps")
+    ap.add_argument("--teacher-steps", type=int, default=40)
+    ap.add_argument("--teacher-gpus", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--coef", type=float, default=1.0)
+    ap.add_argument("--arms", default="rl,distill,mixed")
+    a = ap.parse_args()
+    if a.device == "cpu":
+        a.teacher_gpus = 0
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"args": vars(a), "arms": {}}
+    teacher = a.teacher
+    if not teacher:
+        out = work / "teacher"
+        steps, wall = run_rl(config(a, out, a.teacher_steps, []))
+        teacher = str(out / f"checkpoints/step_{a.teacher_steps - 1}/model")
+        results["teacher"] = {"path": teacher, "wall_s": wall, "curve": curve(out, steps)}
+    for arm in [x for x in a.arms.split(",") if x]:
+        out = work / arm
+        toml = None if arm == "rl" else teacher_toml(teacher, a, arm == "mixed", work)
+        steps, wall = run_rl(config(a, out, a.steps, [], toml))
+        rows = curve(out, steps)
+        results["arms"][arm] = {
+            "wall_s": wall,
+            "curve": rows,
+            "last3_mean_reward": statistics.fmean(r["mean_reward"] for r in rows[-3:]),
+            "median_step_s": statistics.median(r["step_seconds"] for r in rows),
+        }
+        print(json.dumps({arm: {k: v for k, v in results["arms"][arm].items() if k != "curve"}}))
+    write(a.out, results)
+
+
+if __name__ == "__main__":
+    main()
