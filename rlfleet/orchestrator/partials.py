@@ -61,7 +61,7 @@ class Partial:
 
 def logs(store: RunStore) -> list[str]:
     """Every life's log, oldest first."""
-    found = store.fs.glob(store.path(layout.BUFFER_PARTIALS, "*.jsonl"))
+    found = store.fs.glob(store.path(layout.PARTIALS_LOGS))
     lives = sorted(life for p in found if (life := layout.partials_life(p)) is not None)
     return [layout.partials_log(life) for life in lives]
 

@@ -111,6 +111,9 @@ def partials_log(life: int) -> str:
     return f"{BUFFER_PARTIALS}/{life:08d}.jsonl"
 
 
+PARTIALS_LOGS = f"{BUFFER_PARTIALS}/*.jsonl"  # every life's `partials_log`, as a glob
+
+
 def partials_life(path: str) -> int | None:
     """The life of a `partials_log` path (a listing's entry), else None."""
     name = path.rsplit("/", 1)[-1].removesuffix(".jsonl")
