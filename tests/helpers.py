@@ -30,6 +30,7 @@ from uuid import UUID
 from rlfleet.procs import pid_alive
 
 if TYPE_CHECKING:
+    import uvicorn
     from transformers import PreTrainedModel
 
     from rlfleet.config.models import RLConfig, SFTConfig
@@ -43,6 +44,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def serve_app(app) -> tuple[str, uvicorn.Server]:
+    """An ASGI app on a free loopback port, served by a daemon thread: (its URL, the server; set
+    `should_exit` to stop it). Returns once it accepts connections."""
+    import uvicorn
+
+    from rlfleet.procs import wait_until
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    threading.Thread(target=server.run, daemon=True).start()
+    wait_until(lambda: server.started, 10, 0.02, "the test server to start")
+    return f"http://127.0.0.1:{port}", server
 
 
 def rl_config(

@@ -7,17 +7,15 @@ every replica has received one (a barrier), so loads made one after another woul
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from rlfleet.config.model import ModelConfig
 from rlfleet.config.models import InferenceJobConfig
 from rlfleet.inference.pool import InferencePool
-from tests.helpers import free_port
+from tests.helpers import serve_app
 
 REPLICAS = 3
 
@@ -33,14 +31,7 @@ class Replica:
         for path in ("sleep", "wake_up"):
             app.post(f"/{path}")(self._together(path))
         app.post("/collective_rpc")(self._together("load", {"results": [{"transfer_s": 0, "load_s": 0}]}))
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-        threading.Thread(target=self.server.run, daemon=True).start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "test server did not start"
-            time.sleep(0.02)
+        self.url, self.server = serve_app(app)
 
     def _record(self, name: str):
         def handler() -> Response:

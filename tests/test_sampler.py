@@ -17,14 +17,13 @@ import threading
 import time
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import Response, StreamingResponse
 
 from rlfleet.errors import TransientError
 from rlfleet.inference.server import probe
 from rlfleet.orchestrator.sampler import FixedReplicas, Sampler
-from tests.helpers import free_port
+from tests.helpers import serve_app
 
 
 class Server:
@@ -43,14 +42,7 @@ class Server:
         app = FastAPI()
         app.post("/inference/v1/generate")(self.complete)
         app.get("/health")(self.health)
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-        threading.Thread(target=self.server.run, daemon=True).start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "test server did not start"
-            time.sleep(0.02)
+        self.url, self.server = serve_app(app)
 
     async def health(self):
         if self.health_gate is not None:
