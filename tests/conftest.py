@@ -15,9 +15,16 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prefect.logging.configuration import setup_logging
 
 from rlfleet.procs import kill_group
 from tests.helpers import free_port
+
+# Prefect binds its console handler to sys.stderr once per process, at its first flow run. Bound
+# here, it holds pytest's capture of the whole session. Bound inside a test that uses capfd or
+# capsys, it would hold that test's stream, closed when the test ends, and every later flow run in
+# the process (an xdist worker) would fail on its first log line.
+setup_logging()
 
 
 @pytest.fixture(scope="session")

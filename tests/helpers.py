@@ -136,6 +136,18 @@ def wait_final(run_id: UUID, timeout_s: float = 600, after: float = 0.0):
     raise TimeoutError(f"flow run {run_id} not final after {timeout_s} s: {flow_run(run_id).state}")
 
 
+def flow_run_logs(*run_ids) -> list:
+    """What the Prefect UI shows of these flow runs' logs (log entries, oldest first), once the
+    queued ones have been shipped: not the console, whose format depends on what ran before."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        return client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=list(run_ids))))
+
+
 def task_runs(flow_run_id) -> list:
     """Every task run of a flow run, oldest first."""
     from prefect import get_client

@@ -25,6 +25,7 @@ from tests.helpers import (
     KillWhen,
     assert_every_step_once,
     assert_no_process_left,
+    flow_run_logs,
     free_port,
     rl_config,
     task_runs,
@@ -148,14 +149,6 @@ def test_trainer_killed_mid_run_is_relaunched_from_checkpoint(tiny_model, prefec
     assert tables and max(tables) >= 2, tables
 
 
-def flow_run_logs(run_id) -> list:
-    from prefect import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-    with get_client(sync_client=True) as client:
-        return client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
-
-
 @pytest.mark.parametrize("transport", ["filesystem", "nccl"])
 def test_vllm_replica_killed_is_relaunched_with_current_weights(tiny_model, prefect_api, tmp_path, transport):
     """The kill lands as step 1 is reported done. Through the filesystem the relaunched replica
@@ -196,15 +189,17 @@ def test_controller_killed_leaves_no_orphans_and_rerun_resumes(tiny_model, prefe
     from rlfleet.config.loader import to_toml
 
     cfg_file.write_text(to_toml(cfg))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlfleet.cli", "rl", "@", str(cfg_file)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    console = tmp_path / "rl.log"
+    with console.open("w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlfleet.cli", "rl", "@", str(cfg_file)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 600
     while not (out / "metrics/step_1.json").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "run died before step 1"
+        assert proc.poll() is None and time.monotonic() < deadline, console.read_text()[-3000:]
         time.sleep(0.05)
     leaders = [pid_alive(p) for p in (out / "run").glob("*.pid") if p.name != "controller.pid"]
     assert len([p for p in leaders if p]) == 2, "trainer and one vLLM replica"

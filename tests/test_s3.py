@@ -10,11 +10,9 @@ import asyncio
 import hashlib
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -33,6 +31,7 @@ from rlfleet.trainer.parallel import Parallel
 from rlfleet.trainer.resume import resume_step
 from rlfleet.weights.filesystem import publish_weights
 from rlfleet.weights.tickets import newest_weights
+from tests.helpers import flow_run_logs
 from tests.s3server import moto_server
 
 SECRET = f"rlfleet-test-secret-{uuid.uuid4().hex}"
@@ -51,7 +50,7 @@ def s3_endpoint(moto_log):
 
 
 @pytest.fixture
-def s3_env(s3_endpoint, monkeypatch, tmp_path):
+def s3_env(s3_endpoint, monkeypatch, tmp_path, tmp_path_factory):
     """AWS_* variables for the loopback server, a fresh bucket, and a cache dir under tmp_path."""
     for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE"):
         monkeypatch.delenv(var, raising=False)
@@ -61,15 +60,14 @@ def s3_env(s3_endpoint, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("RLFLEET_CACHE_DIR", str(tmp_path / "cache"))
     # the run's own temp dir, but short: vLLM binds its zmq sockets there, and a unix socket's
-    # path holds 107 bytes (pytest-xdist's tmp_path already takes ~80)
-    tmp = Path(tempfile.mkdtemp(prefix="rlfleet-s3-"))
-    monkeypatch.setenv("TMPDIR", str(tmp))
+    # path holds 107 bytes (an xdist worker's tmp_path already takes ~80). Kept, as tmp_path is:
+    # the wandb service this process starts lives on with its socket there.
+    monkeypatch.setenv("TMPDIR", str(tmp_path_factory.mktemp("s3tmp")))
     s3fs.S3FileSystem.clear_instance_cache()
     bucket = f"rlfleet-{uuid.uuid4().hex[:12]}"
     boto3.client("s3").create_bucket(Bucket=bucket)
     yield bucket
     s3fs.S3FileSystem.clear_instance_cache()
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _stage_files(tmp_path: Path, files: dict[str, bytes]) -> Path:
@@ -289,20 +287,6 @@ def test_retention_keeps_last_n_and_the_resume_checkpoint(s3_env, tiny_model, ca
     assert store.complete_steps("checkpoints") == [6]
 
 
-def _flow_run_logs(flow_run_ids) -> list[str]:
-    from prefect import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-    async def read():
-        async with get_client() as client:
-            logs = await client.read_logs(
-                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=flow_run_ids))
-            )
-        return [entry.message for entry in logs]
-
-    return asyncio.run(read())
-
-
 def _files_holding(secret: bytes, roots: list[Path]) -> list[str]:
     return [str(p) for root in roots for p in root.rglob("*") if p.is_file() and secret in p.read_bytes()]
 
@@ -358,9 +342,11 @@ def test_rl_run_on_s3_completes_resumes_and_leaks_no_secret(
     # the secret key is in no object of the run, no local file, no Prefect log or database row
     secret = SECRET.encode()
     leaked = [p for p in store.fs.find(s3_env) if secret in store.fs.cat_file(p)]
-    leaked += _files_holding(secret, [tmp_path, Path(PREFECT_HOME.value())])
+    leaked += _files_holding(secret, [tmp_path, Path(os.environ["TMPDIR"]), Path(PREFECT_HOME.value())])
     APILogWorker.drain_all(timeout=10)
-    logs = _flow_run_logs([first.state_details.flow_run_id, second.state_details.flow_run_id])
+    logs = [
+        x.message for x in flow_run_logs(first.state_details.flow_run_id, second.state_details.flow_run_id)
+    ]
     assert logs, "the flow runs' logs reached the Prefect API"
     leaked += [m for m in logs if SECRET in m]
     out, err = capfd.readouterr()

@@ -16,7 +16,7 @@ import pytest
 from rlfleet.orchestrator.rollout import read_rollout
 from rlfleet.procs import pid_alive
 from rlfleet.store import RunStore
-from tests.helpers import assert_every_step_once, prompt_logprobs, rl_config
+from tests.helpers import assert_every_step_once, flow_run_logs, prompt_logprobs, rl_config
 
 pytestmark = pytest.mark.e2e
 
@@ -76,9 +76,7 @@ class CheckThenKill(threading.Thread):
                 os.killpg(self.killed, signal.SIGKILL)
 
 
-def test_distill_from_a_served_teacher_that_also_judges_and_is_relaunched(
-    tiny_model, prefect_api, tmp_path, capfd
-):
+def test_distill_from_a_served_teacher_that_also_judges_and_is_relaunched(tiny_model, prefect_api, tmp_path):
     from rlfleet.flows.rl import rl
     from rlfleet.trainer.tiny import make_tiny_model
 
@@ -102,8 +100,8 @@ def test_distill_from_a_served_teacher_that_also_judges_and_is_relaunched(
 
     # The teacher was served beside the policy, and the run's logs name it.
     log = (out / "logs/inference/teacher_0.log").read_text()
-    flow_log = capfd.readouterr().err
-    assert "Task run 'launch_inference_pool' - vLLM teacher replica 0 at" in flow_log, flow_log[-3000:]
+    flow_log = [x.message for x in flow_run_logs(state.state_details.flow_run_id)]
+    assert any(m.startswith("vLLM teacher replica 0 at") for m in flow_log), flow_log
     assert "served teacher: the CPU" in (out / "configs/placement.json").read_text()
 
     # Every trained sample carries the teacher's logprobs of its own tokens; one checked against a
@@ -140,6 +138,8 @@ def test_distill_from_a_served_teacher_that_also_judges_and_is_relaunched(
     assert "POST /collective_rpc" in (out / "logs/inference/replica_0.log").read_text()
     assert "POST /collective_rpc" not in log and "POST /pause" not in log
     assert "POST /v1/chat/completions" in log and "POST /v1/completions" in log  # judge and teacher
-    assert log.count("Starting vLLM server on") == 2, log[-3000:]
+    # relaunched after the kill; on a loaded 2-core box its watch has once relaunched it a second
+    # time on a failed /health (noted on issue 42), so the count is a floor
+    assert log.count("Starting vLLM server on") >= 2, log[-3000:]
     events = [e for e in json.loads((out / "run/recoveries.json").read_text()) if e.get("model") == "teacher"]
-    assert events and events[0]["event"] == "replica.relaunched"
+    assert events and events[0]["event"] == "replica.relaunched" and events[0]["exit_code"] == -9, events

@@ -83,6 +83,16 @@ def test_missing_ticket_names_the_step(tmp_path):
         trainer_ticket(RunStore(str(tmp_path)), 7, "nccl")
 
 
+def by_value(named) -> dict:
+    """Tensors as numpy arrays, which a Queue pickles by value: a tensor goes by file descriptor,
+    which the parent can open only while this process lives (it may exit first)."""
+    return {name: v.clone().numpy() for name, v in named}
+
+
+def as_tensors(arrays: dict) -> dict[str, torch.Tensor]:
+    return {name: torch.from_numpy(a) for name, a in arrays.items()}
+
+
 def _receiver(port: int, out_dir: str, steps: int, q) -> None:
     """A second process: joins each ticket's group as rank 1 and returns what it received."""
     store = RunStore(out_dir)
@@ -96,7 +106,7 @@ def _receiver(port: int, out_dir: str, steps: int, q) -> None:
         if g["id"] not in groups:  # a new sender (a relaunched trainer) means a new group
             groups[g["id"]] = open_group(g["host"], g["port"], 1, g["world"], torch.device("cpu"), 30)
         buckets = receive(t, groups[g["id"]], torch.device("cpu"))
-        got.append({name: v.clone() for name, v in tensors.views(buckets, t["layout"])})
+        got.append(by_value(tensors.views(buckets, t["layout"])))
     q.put((got, len(groups)))
 
 
@@ -124,6 +134,7 @@ def test_nccl_publisher_over_gloo_between_two_processes(tmp_path):
             pub.publish(step, model)
             pub.serve(step)
         got, groups = q.get(timeout=60)
+        got = [as_tensors(g) for g in got]
     finally:
         proc.join(timeout=30)
         if proc.is_alive():
@@ -212,7 +223,7 @@ def _receive_regrouped(out_dir: str, not_id: str, q) -> None:
     g = t["group"]
     group = open_group(g["host"], g["port"], 1, g["world"], torch.device("cpu"), 30)
     buckets = receive(t, group, torch.device("cpu"))
-    q.put((t["step"], {name: v.clone() for name, v in tensors.views(buckets, t["layout"])}))
+    q.put((t["step"], by_value(tensors.views(buckets, t["layout"]))))
 
 
 def test_nccl_regroup_brings_a_relaunched_receiver_to_the_newest_weights(tmp_path):
@@ -236,6 +247,7 @@ def test_nccl_regroup_brings_a_relaunched_receiver_to_the_newest_weights(tmp_pat
         try:
             answer = regroup(store, timeout_s=30)
             step, got = q.get(timeout=60)
+            got = as_tensors(got)
         finally:
             done.set()
             worker.join(timeout=30)
