@@ -3,7 +3,7 @@ and which party is stuck (the culprit the policy relaunches). Pure functions of 
 tests give it any state they like; `RunHandles.run_state` (runs/handles.py) builds the real one.
 
 The rules, first match wins:
-1. a replica's weight load in flight for the whole stall: that replica;
+1. a replica's weight load in flight for most of the stall (half or more): that replica;
 2. the flow waits for a trainer step and the trainer has its model: the trainer;
 3. replicas with requests in flight and no token for the whole stall: those replicas;
 4. the stream waits for groups with no request on any replica: the controller (user env code, or
@@ -99,7 +99,11 @@ def diagnose(state: RunState) -> Diagnosis:
         f"trainer: {'loading its model; ' if tr['starting'] else ''}{done}; {_procs(state, 'trainer')}"
     )
 
-    stuck = [(by_url[u]["index"], ld) for u, ld in prog["loads"].items() if u in by_url and ld["age_s"] >= t]
+    # open for most of the stall: a load starts just after the progress it follows (a trainer step's
+    # publish), so one that never returns is a little younger than the stall
+    stuck = [
+        (by_url[u]["index"], ld) for u, ld in prog["loads"].items() if u in by_url and ld["age_s"] >= t / 2
+    ]
     if stuck:
         stuck.sort(key=lambda il: il[0])
         ld = max((ld for _, ld in stuck), key=lambda ld: ld["age_s"])
