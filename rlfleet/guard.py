@@ -64,7 +64,8 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, down)
     rc = child.wait()
     if rc < 0:  # died of a signal: so does the guard, so the parent sees the same exit
-        signal.signal(-rc, signal.SIG_DFL)
+        if -rc not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(-rc, signal.SIG_DFL)
         os.kill(os.getpid(), -rc)
     return rc
 

@@ -181,10 +181,15 @@ def test_vllm_replica_killed_is_relaunched_with_current_weights(tiny_model, pref
 
 
 def test_controller_killed_leaves_no_orphans_and_rerun_resumes(tiny_model, prefect_api, tmp_path):
+    """Over nccl, killed once step 2's weights are served but its checkpoint is not written (every
+    2 steps): the rerun's trainer replays step 2, and must send it to the new replica, which the
+    dead controller's acknowledgement of step 2 does not cover (it hung there on an H200)."""
     from rlfleet.flows.rl import rl
+    from rlfleet.weights.tickets import served_step
 
     out = tmp_path / "run"
-    cfg = rl_config(tiny_model, out, max_steps=4)
+    nccl = {"weights.transport": "nccl", "weights.nccl-port": str(free_port())}
+    cfg = rl_config(tiny_model, out, max_steps=4, **{"trainer.checkpoint-interval": "2", **nccl})
     cfg_file = tmp_path / "rl.toml"
     from rlfleet.config.loader import to_toml
 
@@ -198,9 +203,10 @@ def test_controller_killed_leaves_no_orphans_and_rerun_resumes(tiny_model, prefe
             start_new_session=True,
         )
     deadline = time.monotonic() + 600
-    while not (out / "metrics/step_1.json").exists():
+    store = RunStore(out)
+    while (served_step(store) or -1) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, console.read_text()[-3000:]
-        time.sleep(0.05)
+        time.sleep(0.02)
     leaders = [pid_alive(p) for p in (out / "run").glob("*.pid") if p.name != "controller.pid"]
     assert len([p for p in leaders if p]) == 2, "trainer and one vLLM replica"
     # `rlfleet rl` started vLLM before the flow, and the flow served from that replica: one start
@@ -215,9 +221,9 @@ def test_controller_killed_leaves_no_orphans_and_rerun_resumes(tiny_model, prefe
     assert not alive, f"orphans after the controller died: {alive}"
     print(f"\ncontroller SIGKILL -> children gone: {time.monotonic() - t_kill:.1f} s")
 
-    store = RunStore(out)
     done = store.complete_steps("checkpoints")
     assert done, "at least one checkpoint before the kill"
+    assert max(done) < served_step(store), "the rerun replays a step the dead controller's replicas held"
     before = {s: (out / f"metrics/step_{s}.json").read_bytes() for s in done}
 
     state = rl(config=cfg, return_state=True)

@@ -48,3 +48,12 @@ def test_sigterm_takes_the_group_down_guard_included(tmp_path):
     guard.send_signal(signal.SIGTERM)
     assert guard.wait(timeout=30) == -signal.SIGKILL
     child.wait(timeout=10)
+
+
+def test_a_child_killed_outright_is_the_guards_exit_too(tmp_path):
+    """The owner sees how the child died: a SIGKILLed child makes the guard die of SIGKILL, not
+    exit 1 from a handler that SIGKILL cannot have."""
+    pidfile = tmp_path / "child.pid"
+    guard = start(pidfile)
+    os.kill(child_pid(pidfile, guard), signal.SIGKILL)
+    assert guard.wait(timeout=30) == -signal.SIGKILL

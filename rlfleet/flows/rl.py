@@ -52,6 +52,7 @@ from rlfleet.tasks.rl import (
 )
 from rlfleet.tasks.storage import load_credentials_block
 from rlfleet.trainer.resume import discard_stale, resume_step
+from rlfleet.weights.tickets import forget_served
 from rlfleet.workers.leases import gpu_lease
 
 
@@ -88,6 +89,7 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
     paths = write_configs(cfg, placement)
     store = run_store(cfg.output_dir)
     acquire_run_lock(store)
+    forget_served(store)  # an earlier controller's replicas died with it
     start = resume_step(store)
     if start:
         log.info("resuming at step %d; discarded %s", start, discard_stale(store, start) or "nothing")

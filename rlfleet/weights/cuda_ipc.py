@@ -8,6 +8,9 @@ each rank already has the full tensors on its own GPU after the export's gather 
 each fills its own buffers: colocated on N GPUs (config/placement.py), every vLLM worker maps
 those of the trainer rank on its GPU. Rank 0 writes the one ticket: per GPU (by UUID) the IPC
 handles of its buffers (made once per buffer, gathered from the ranks once), and the layout.
+A trainer's first two publishes fill buffers no ticket has named yet, so they wait for nothing:
+a relaunched trainer, or a resumed run's, whose replicas were relaunched too, never waits on an
+acknowledgement its own buffers cannot need.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class IpcPublisher:
         self.layout: list | None = None
         self.slots: list[list[torch.Tensor]] = []
         self.devices: list[list[dict[str, Any]]] = []  # per slot: every rank's GPU and its handles
+        self.first_step: int | None = None  # this trainer's first publish
 
     def _allocate(self, sd: Mapping[str, torch.Tensor]) -> None:
         from torch.multiprocessing.reductions import reduce_tensor
@@ -61,7 +65,10 @@ class IpcPublisher:
         sd = sent_state(model, self.par)
         if self.layout is None:
             self._allocate(sd)
-        wait_served(self.store, step - 1, self.timeout_s)  # the buffer we overwrite holds step-2
+            self.first_step = step
+        assert self.first_step is not None
+        if step - SLOTS >= self.first_step:  # the buffer we overwrite holds step-2, which we published
+            wait_served(self.store, step - 1, self.timeout_s)
         slot = step % SLOTS
         tensors.fill(self.slots[slot], self.layout, sd)
         torch.cuda.synchronize(self.par.device)

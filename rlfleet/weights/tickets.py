@@ -42,6 +42,14 @@ def write_served(store: RunStore, step: int) -> None:
     store.write_json(SERVED, {"step": step, "at": time.time()})
 
 
+def forget_served(store: RunStore) -> None:
+    """A new controller's start: the replicas of any earlier one died with it (their guards'
+    PDEATHSIG), so no replica holds what its acknowledgement names. Else a resumed nccl trainer
+    would skip the send its new replicas wait for."""
+    if store.exists(SERVED):
+        store.fs.rm(store.path(SERVED))
+
+
 def served_step(store: RunStore) -> int | None:
     return store.read_json(SERVED)["step"] if store.exists(SERVED) else None
 
