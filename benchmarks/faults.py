@@ -147,10 +147,11 @@ def wait(pred, proc: subprocess.Popen, timeout_s: float = 900) -> None:
         time.sleep(0.02)
 
 
-def first_step_after(out: Path, t: float, steps: int) -> tuple[int, float] | None:
+def first_step_after(out: Path, t: float, after: int, steps: int) -> tuple[int, float] | None:
+    """The first step past `after` whose metrics came after time `t` (a replayed step is not one)."""
     done = [
         (s, m)
-        for s in range(steps)
+        for s in range(after + 1, steps)
         if (p := out / layout.step_json("metrics", s)).exists() and (m := p.stat().st_mtime) > t
     ]
     return min(done, key=lambda x: x[1]) if done else None
@@ -200,7 +201,9 @@ def one(
                         if SEEN[fault] in f.read():
                             seen = time.time()
                     time.sleep(0.05)
-            kills.append({"fault": fault, "killed": killed, "seen": seen, "tokens": tokens_at_kill})
+            kills.append(
+                {"fault": fault, "after": 1 + 2 * i, "killed": killed, "seen": seen, "tokens": tokens_at_kill}
+            )
         rc = proc.wait()
     trained: dict[str, dict] = {}
     steps_of: dict[str, list[int]] = {}
@@ -220,7 +223,7 @@ def one(
             len(ids) for sid, ids in at_kill.items() if sid in trained and continues(trained[sid], ids)
         )
         streamed = sum(map(len, at_kill.values()))
-        next_step = first_step_after(out, k["killed"], steps)
+        next_step = first_step_after(out, k["killed"], k["after"], steps)
         rows.append({
             "fault": k["fault"],
             "run": name,

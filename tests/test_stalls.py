@@ -104,7 +104,7 @@ class FakeRun:
     """The controller as the watchdog sees it: one real process stands for the trainer."""
 
     def __init__(self, pid: int, progress: Progress):
-        self.pid, self.progress, self.killed = pid, progress, []
+        self.pid, self.progress, self.killed, self.halted = pid, progress, [], False
 
     def starting(self) -> bool:
         return False
@@ -122,6 +122,9 @@ class FakeRun:
     def relaunch(self, d: Diagnosis) -> str | None:
         self.killed.append(d.culprit)
         return "killed the trainer"
+
+    def halt(self) -> None:
+        self.halted = True
 
 
 HANG = "import time\ndef hang_in_a_step():\n    time.sleep(3600)\nprint('up', flush=True)\nhang_in_a_step()\n"
@@ -156,6 +159,7 @@ def test_watchdog_dumps_every_process_relaunches_then_fails_when_nothing_moved(t
         clock.now += 11  # nothing moved since the relaunch
         second = dog.check()
     assert second is not None and second["fails_run"]
+    assert run.killed == ["trainer"] and run.halted  # failing: every part killed, none relaunched
     assert seen == [first, second]
     assert second["action"] == "fail the run: nothing progressed since the last stall's relaunch"
     with pytest.raises(StallError, match="train-4 waits for the trainer's step 4"):

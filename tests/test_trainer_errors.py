@@ -108,3 +108,37 @@ def test_a_relaunched_trainer_fails_fast_on_the_same_oom_at_the_same_step(tmp_pa
     assert isinstance(error, DeterministicError)
     assert str(error).startswith("OutOfMemoryError at step 3: CUDA out of memory")
     trainer.stop()
+
+
+def test_a_trainer_that_dies_between_steps_is_relaunched_by_its_watch(tmp_path, monkeypatch):
+    """Killed while no train task waits on it (waiting for its next batch, as a GPU run's trainer
+    mostly is), the trainer is relaunched by its watch within about a second, not when the next
+    step's task finds it dead; the next task reports the relaunch with the exit code."""
+    import signal
+    import sys
+
+    from rlfleet.config.models import ModelConfig, TrainerJobConfig
+    from rlfleet.procs import wait_until
+    from rlfleet.store import layout
+    from rlfleet.trainer import launch
+
+    up = (  # a trainer that loaded its model, then waits
+        "import time; from rlfleet.store import RunStore, layout; "
+        f"RunStore({str(tmp_path)!r}).write_json(layout.TRAINER_UP, {{'at': time.time()}}); time.sleep(600)"
+    )
+    monkeypatch.setattr(launch, "python_module_cmd", lambda module, args: [sys.executable, "-c", up])
+    trainer = launch.TrainerProcess(
+        TrainerJobConfig(model=ModelConfig(path="m"), output_dir=str(tmp_path)), tmp_path / "t.toml"
+    )
+    store = RunStore(tmp_path)
+    try:
+        trainer.ensure()
+        first = trainer.process
+        wait_until(lambda: not trainer.starting(store), 30, 0.05, "the trainer to come up")
+        os.kill(first.pid, signal.SIGKILL)
+        wait_until(lambda: trainer.process is not first, 30, 0.05, "the watch to relaunch the trainer")
+        assert trainer.process.alive() and trainer.take_relaunched() == [-signal.SIGKILL]
+        assert trainer.take_relaunched() == []  # reported once
+        assert store.exists(layout.TRAINER_UP)
+    finally:
+        trainer.stop()

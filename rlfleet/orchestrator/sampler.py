@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -36,6 +37,8 @@ from rlfleet.net import tls
 from rlfleet.progress import Progress
 
 log = logging.getLogger("rlfleet.orchestrator")
+
+WARN_EVERY_S = 10.0  # a replica's failed requests: one warning line per this long
 
 
 @dataclass
@@ -112,6 +115,7 @@ class Sampler:
         self.attempts = attempts
         self.in_flight: Counter[str] = Counter()  # per replica: samples in flight (its load)
         self.failing: Counter[str] = Counter()  # failures since the replica last finished a request
+        self._warned: dict[str, tuple[float, int]] = {}  # per URL: its last warning, failures since
         self._urls: list[str] = []
         self._heal_lock = asyncio.Lock()
         self._clients: list[httpx.AsyncClient] = []
@@ -201,8 +205,23 @@ class Sampler:
 
     async def _recover(self, url: str, exc: BaseException) -> None:
         self.failing[url] += 1
-        # httpx's timeouts and dropped connections carry no message: name the type
-        log.warning("vLLM replica %s failed a request (%s: %s); continuing it", url, type(exc).__name__, exc)
+        # one line per replica per WARN_EVERY_S: a replica that dies fails every request it had
+        # (hundreds on a GPU) at once, and the line says how many it stands for
+        now = time.monotonic()
+        last, quiet = self._warned.get(url, (-WARN_EVERY_S, 0))
+        if now - last < WARN_EVERY_S:
+            self._warned[url] = (last, quiet + 1)
+        else:
+            self._warned[url] = (now, 0)
+            more = f" ({quiet} more failed since the last such line)" if quiet else ""
+            # httpx's timeouts and dropped connections carry no message: name the type
+            log.warning(
+                "vLLM replica %s failed a request (%s: %s); continuing it%s",
+                url,
+                type(exc).__name__,
+                exc,
+                more,
+            )
         await self._heal(url)
 
     async def _stream(self, url: str, prompt: list[int], out: list[Sample], max_tokens: int) -> None:

@@ -171,6 +171,14 @@ class RunHandles:
             return "killed the trainer"
         return None
 
+    def halt(self) -> None:
+        for pool in (self.pool, *self.served_pools.values()):
+            for r in list(pool.replicas):
+                kill_group(r.process.pid, grace_s=1.0)
+        p = self.trainer.process
+        if p is not None and not isinstance(self.trainer, ExternalTrainer):
+            kill_group(p.pid, grace_s=1.0)
+
     def stop_sampling(self) -> None:
         """The stream first (a rollout waiting for its groups fails fast), then the replicas (a
         rollout still in flight cannot relaunch them). The stall watchdog before either: their

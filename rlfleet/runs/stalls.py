@@ -52,6 +52,10 @@ class RunView(Protocol):
     def relaunch(self, d: Diagnosis) -> str | None:
         """Kill the stuck part for its relaunch; what was done, or None if nothing can be."""
 
+    def halt(self) -> None:
+        """Kill every part the run started, for a stall that fails it: a wait stuck in a call to
+        a frozen one ends (with the stall's error), and a failed run relaunches nothing."""
+
 
 class StallWatchdog:
     def __init__(
@@ -144,14 +148,16 @@ class StallWatchdog:
                 self.on_stall(stall)
             except Exception:  # noqa: BLE001 - reporting must not stop the recovery
                 log.exception("reporting the stall failed")
-        if fails:  # the waits raise it; a kill below unblocks one stuck in a call
-            self.progress.fail(StallError(f"the run stalled: {d.why}\n{text}"))
+        error = None
+        if fails:
+            error = StallError(f"the run stalled: {d.why}\n{text}")
+        elif self.run.relaunch(d) is None:
+            error = StallError(f"the run stalled and its {d.culprit} cannot be relaunched here\n{text}")
         self.progress.mark("the stall's recovery", event=False)
         self._events_at_stall = self.progress.events
-        if d.culprit in ("replica", "trainer") and self.run.relaunch(d) is None and not fails:
-            self.progress.fail(
-                StallError(f"the run stalled and its {d.culprit} cannot be relaunched here\n{text}")
-            )
+        if error is not None:  # every wait raises it; the kills end one stuck in a call
+            self.progress.fail(error)
+            self.run.halt()
         return stall
 
     def _write_dumps(self, at: str, procs: list[RunProcess]) -> list[str]:

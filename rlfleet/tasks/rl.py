@@ -144,7 +144,10 @@ def _running_trainer(cfg: RLConfig, run: RunHandles, step: int, replay_until: in
     from the latest checkpoint and replays the steps after it, up to `replay_until` (exclusive)."""
     store = _store(cfg)
     trainer = run.trainer
+    replaced = trainer.take_relaunched()  # by the trainer's watch, between steps
     if (exit_code := trainer.ensure()) is not None:
+        replaced.append(exit_code)
+    for exit_code in replaced:
         ckpt = latest_checkpoint(store)
         resume = -1 if ckpt is None else ckpt["step"]
         replayed = list(range(resume + 1, replay_until))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,10 @@ from rlfleet.store import RunDir, RunStore, local_dir, run_store
 from rlfleet.store.layout import TRAINER_UP, rank_log
 from rlfleet.store.records import TrainerMetrics, read_metrics
 from rlfleet.trainer.files import poll_interval, read_trainer_error
+
+log = logging.getLogger("rlfleet.trainer")
+
+WATCH_INTERVAL_S = 1.0  # how often a launched trainer's process is looked at between steps
 
 
 def torchrun_cmd(nproc: int, cli_args: list[str]) -> list[str]:
@@ -87,10 +93,53 @@ class TrainerProcess:
         self.launched_at = 0.0  # time.time() of the last launch
         self.up = False  # the last launch has its model (it wrote TRAINER_UP)
         self.progress = Progress()  # the run's, once a RunHandles adopts the trainer (progress.py)
+        self.lock = threading.RLock()  # the watch and the train task both relaunch
+        self.relaunched: list[int | None] = []  # exit codes the watch replaced, until a task reports them
+        self._watcher: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.waiting = 0  # train tasks waiting on a step: a death then is theirs to retry
 
     def ensure(self) -> int | None:
         """Start the trainer if it is not running; a fresh one resumes from the latest checkpoint.
         Returns the exit code of the trainer it replaces (a relaunch), else None."""
+        with self.lock:
+            died = self._ensure()
+        if self._watcher is None and not self._stop.is_set():
+            self._watcher = threading.Thread(target=self._watch, name="rlfleet-trainer-watch", daemon=True)
+            self._watcher.start()
+        return died
+
+    def take_relaunched(self) -> list[int | None]:
+        """Exit codes of the trainers the watch replaced since the last call (a task reports them)."""
+        with self.lock:
+            out, self.relaunched = self.relaunched, []
+        return out
+
+    def _watch(self) -> None:
+        """Relaunch a trainer that died between steps within about `WATCH_INTERVAL_S`, so it loads
+        while the next step samples, instead of when the next `train` task finds it dead. A death
+        while a `train` task waits is that task's (it fails and its retry relaunches), and one
+        whose recorded error will recur is left to it to raise."""
+        store = run_store(self.cfg.output_dir)
+        while not self._stop.wait(WATCH_INTERVAL_S):
+            p = self.process
+            if p is None or self.waiting or p.alive() or p.returncode() == 0:  # 0: it finished its steps
+                continue
+            # one that never came up failed its start (a task retries that, not a loop here)
+            if not self._came_up(store) or isinstance(self.failure(store, 0), DeterministicError):
+                continue
+            log.warning("trainer (pid %d) exited with code %s: relaunching it", p.pid, p.returncode())
+            try:
+                with self.lock:
+                    if self._stop.is_set() or self.process is not p:
+                        continue  # stopped, or the train task relaunched it meanwhile
+                    self.relaunched.append(self._ensure())
+            except DeterministicError:
+                return  # the run stalled and failed: relaunch nothing
+            except Exception as e:  # noqa: BLE001 - the next train task tries again
+                log.warning("relaunching the trainer failed (%s: %s)", type(e).__name__, e)
+
+    def _ensure(self) -> int | None:
         if self.process is not None and self.process.alive():
             return None
         self.progress.check()  # a stall failed the run: relaunch nothing
@@ -119,14 +168,18 @@ class TrainerProcess:
         unless the trainer recorded an error that will recur (DeterministicError, no retry).
         """
         start = time.monotonic()
+        self.waiting += 1
         with self.progress.waiting(f"train-{step}", f"the trainer's step {step}"):
-            metrics = wait_until(
-                lambda: read_metrics(store, step),
-                timeout_s,
-                poll_interval(store, self.cfg.trainer.poll_interval_s),
-                abort=lambda: self.progress.stall or self.failure(store, step),
-                on_timeout=lambda: TimeoutError(f"trainer step {step} not done after {timeout_s:.0f}s"),
-            )
+            try:
+                metrics = wait_until(
+                    lambda: read_metrics(store, step),
+                    timeout_s,
+                    poll_interval(store, self.cfg.trainer.poll_interval_s),
+                    abort=lambda: self.progress.stall or self.failure(store, step),
+                    on_timeout=lambda: TimeoutError(f"trainer step {step} not done after {timeout_s:.0f}s"),
+                )
+            finally:
+                self.waiting -= 1
         self.progress.trainer_stepped(step)
         metrics["wait_seconds"] = time.monotonic() - start
         return metrics
@@ -137,9 +190,13 @@ class TrainerProcess:
         p = self.process
         if self.up or p is None or not p.alive():
             return False
-        if store.exists(TRAINER_UP) and store.read_json(TRAINER_UP)["at"] >= self.launched_at:
-            self.up = True
-        return not self.up
+        return not self._came_up(store)
+
+    def _came_up(self, store: RunStore) -> bool:
+        """Whether the last launch loaded its model (wrote `TRAINER_UP`)."""
+        if not self.up and store.exists(TRAINER_UP):
+            self.up = store.read_json(TRAINER_UP)["at"] >= self.launched_at
+        return self.up
 
     def failure(self, store: RunStore, step: int) -> Exception | None:
         p = self.process
@@ -151,9 +208,11 @@ class TrainerProcess:
         return death_error(error if error != self.error_before else None, msg)
 
     def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-            self.process = None
+        self._stop.set()
+        with self.lock:
+            if self.process is not None:
+                self.process.stop()
+                self.process = None
 
 
 class ExternalTrainer(TrainerProcess):
