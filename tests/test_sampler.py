@@ -259,6 +259,43 @@ def test_a_replica_relaunched_by_the_pool_takes_the_rest(servers):
             assert s.replica == calls[1][0] and s.resent == 1
 
 
+def test_a_dead_replicas_samples_go_on_elsewhere_at_once_and_it_rejoins_once_relaunched(servers):
+    """Two replicas, one dies mid-stream: its samples continue on the other at once, with no call
+    to the pool (whose relaunch takes minutes on a GPU and would hold them); once the pool serves
+    a new process at its URL, requests go to it again."""
+    dying, good = servers(die_after=2), servers()
+
+    class Pool:
+        def __init__(self):
+            self.ensures, self.ids = 0, {dying.url: 1, good.url: 2}
+
+        def ensure(self):
+            self.ensures += 1
+            return [dying.url, good.url]
+
+        def version(self, url):
+            return 0
+
+        def serving(self):
+            return dict(self.ids)
+
+    pool = Pool()
+
+    async def main():
+        sampler = Sampler(pool, 1.0, 30.0)
+        try:
+            first = await sampler.sample([1, 2], 1, 4)  # to `dying` (listed first), then `good`
+            dying.die_after, pool.ids[dying.url] = None, 3  # the pool relaunched it
+            return first, await sampler.sample([1, 2], 1, 4)
+        finally:
+            await sampler.aclose()
+
+    (first,), (second,) = asyncio.run(main())
+    assert pool.ensures == 1, "the failure did not wait for the pool"
+    assert first.completion_ids == [102, 103, 104, 105] and first.replica == good.url and first.resent == 1
+    assert second.replica == dying.url and second.resent == 0, "the relaunched replica rejoined"
+
+
 def test_no_replica_left_is_a_transient_error_after_the_attempts(servers):
     a = servers(die_after=0)
     with pytest.raises(TransientError, match="failed 3 times"):

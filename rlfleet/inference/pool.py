@@ -75,6 +75,13 @@ class InferencePool:
             return list(self.cfg.inference.urls)
         return [r.url for r in self.replicas]
 
+    def serving(self) -> dict[str, int]:
+        """URL -> its replica's process id (external replicas: 0), without the lock: a relaunch
+        swaps a replica in only once it serves (`_relaunch`)."""
+        if self.cfg.inference.urls:
+            return dict.fromkeys(self.cfg.inference.urls, 0)
+        return {r.url: r.process.pid or 0 for r in list(self.replicas)}
+
     def version(self, url: str) -> int:
         """The weight version `url` samples with now (the sampler credits tokens to it)."""
         return self.versions.get(url, self.policy_step)

@@ -39,6 +39,7 @@ from rlfleet.progress import Progress
 log = logging.getLogger("rlfleet.orchestrator")
 
 WARN_EVERY_S = 10.0  # a replica's failed requests: one warning line per this long
+REJOIN_AFTER_S = 60.0  # a replica that failed while others served gets requests again after this
 
 
 @dataclass
@@ -65,6 +66,11 @@ class Replicas(Protocol):
         """The weight version `url` serves now (-1 = the initial model)."""
         ...
 
+    def serving(self) -> dict[str, int]:
+        """URL -> which replica serves there (its process id), read without waiting: a replica
+        being relaunched keeps its dead one's id until the new one serves."""
+        ...
+
 
 GENERATE = "inference/v1/generate"
 CLIENT_STREAMS = 4  # requests in flight per HTTP client (see Sampler._client)
@@ -86,6 +92,9 @@ class FixedReplicas:
     def version(self, url: str) -> int:
         return self.served
 
+    def serving(self) -> dict[str, int]:
+        return dict.fromkeys(self.urls, 0)  # never relaunched: a failed one stays out while others serve
+
 
 class SamplingError(TransientError):
     """The server answered with an error (an engine that died answers 500 until relaunched)."""
@@ -95,8 +104,9 @@ class Sampler:
     """Sends each request to the live replica with the fewest samples in flight (a group of n counts
     n: it holds n sequences of the engine's batch), preferring those
     that have not failed since they last finished one. A request whose replica failed keeps its
-    streamed tokens and continues elsewhere, up to `attempts` failures per sample; between
-    failures the pool relaunches what died (one relaunch at a time)."""
+    streamed tokens and continues elsewhere, up to `attempts` failures per sample: on the other
+    replicas at once while any serves (the failed one rejoins once the pool relaunched it), else
+    after the pool relaunched what died (one relaunch at a time)."""
 
     def __init__(
         self,
@@ -116,7 +126,9 @@ class Sampler:
         self.in_flight: Counter[str] = Counter()  # per replica: samples in flight (its load)
         self.failing: Counter[str] = Counter()  # failures since the replica last finished a request
         self._warned: dict[str, tuple[float, int]] = {}  # per URL: its last warning, failures since
-        self._urls: list[str] = []
+        self._urls: list[str] = []  # the replicas requests go to
+        self._all: list[str] = []  # every replica, as the pool listed them last
+        self._down: dict[str, tuple[int | None, float]] = {}  # failed while others served: (its id, since)
         self._heal_lock = asyncio.Lock()
         self._clients: list[httpx.AsyncClient] = []
         self._streams: Counter[int] = Counter()  # per client: its requests in flight
@@ -144,13 +156,38 @@ class Sampler:
     async def _pick(self) -> str:
         if not self._urls:
             await self._heal(None)
+        if self._down:
+            self._rejoin()
         return min(self._urls, key=lambda u: (self.failing[u], self.in_flight[u]))
+
+    def _rejoin(self) -> None:
+        """Take back a replica that failed while others served: once the pool has relaunched it
+        (another process serves there), or after REJOIN_AFTER_S (a replica that was only slow;
+        a dead one fails the next request and leaves again)."""
+        now, serving = time.monotonic(), self.replicas.serving()
+        back = [
+            u
+            for u, (ident, since) in self._down.items()
+            if u in serving and (serving[u] != ident or now - since > REJOIN_AFTER_S)
+        ]
+        for u in back:
+            del self._down[u]
+            self.failing[u] = 0
+        if back:
+            self._urls = [u for u in self._all if u not in self._down]
 
     async def _heal(self, failed: str | None) -> None:
         async with self._heal_lock:
+            if failed is not None and failed in self._urls and len(self._urls) > 1:
+                # others serve: the failed one's requests go on there at once, not after its
+                # relaunch (the pool's watch relaunches it; `_rejoin` takes it back)
+                self._down[failed] = (self.replicas.serving().get(failed), time.monotonic())
+                self._urls = [u for u in self._urls if u != failed]
+                return
             if (failed is None and self._urls) or (failed is not None and failed not in self._urls):
                 return  # another request filled the list, or healed the pool after this failure
             self._urls = await asyncio.to_thread(self.replicas.ensure)
+            self._all, self._down = list(self._urls), {}
             if not self._urls:
                 raise TransientError("no vLLM replica is available")
 
