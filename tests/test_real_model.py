@@ -99,7 +99,7 @@ def test_sft_on_smollm2_fits_its_data(smollm2, tmp_path):
             "--trainer.lr",
             "1e-4",
             "--trainer.num-threads",
-            "2",
+            "1",  # the suite runs two workers on two cores: more threads oversubscribe them
         ],
     )
     before = dataset_nll(str(smollm2), cfg)
@@ -117,16 +117,26 @@ def test_reasoning_gym_env_scores_smollm2s_own_answers(smollm2):
     env = build_env(cfg.orchestrator.env[0])
     tok = AutoTokenizer.from_pretrained(smollm2)
     lm = load_model(str(smollm2), "float32", CPU)
-    rewards = []
-    for ex in env.eval_examples(12):
-        ids = tok.apply_chat_template(
-            ex.prompt, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    examples = env.eval_examples(12)
+    tok.padding_side = "left"  # one greedy batch: every prompt ends where its answer starts
+    ids = tok.apply_chat_template(
+        [ex.prompt for ex in examples],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+        padding=True,
+    )
+    with torch.no_grad():
+        outs = lm.generate(
+            **ids, max_new_tokens=cfg.eval.max_tokens, do_sample=False, pad_token_id=tok.pad_token_id
         )
-        with torch.no_grad():
-            out = lm.generate(**ids, max_new_tokens=cfg.eval.max_tokens, do_sample=False)
-        n = ids["input_ids"].shape[1]
-        text = tok.decode(out[0, n:], skip_special_tokens=True)
-        reward, metrics = asyncio.run(env.score(Trajectory(ex, out[0].tolist(), n, turns=[{"text": text}])))
+    n = ids["input_ids"].shape[1]
+    rewards = []
+    for ex, out, mask in zip(examples, outs, ids["attention_mask"], strict=True):
+        text = tok.decode(out[n:], skip_special_tokens=True)
+        tokens = out[int((mask == 0).sum()) :].tolist()  # without the left padding
+        prompt_len = int(mask.sum())
+        reward, metrics = asyncio.run(env.score(Trajectory(ex, tokens, prompt_len, turns=[{"text": text}])))
         numbers = re.findall(r"-?\d+", text)
         assert (reward == 1.0) == (bool(numbers) and numbers[-1] == ex.answer), (text, ex.answer, reward)
         rewards.append(reward)
