@@ -162,22 +162,21 @@ class RunHandles:
         trainer. SLURM's trainer ranks are not this controller's to kill."""
         if d.culprit == "replica":
             victims = [r for r in list(self.pool.replicas) if r.index in d.replicas]
-            for r in victims:
-                kill_group(r.process.pid, grace_s=1.0)  # SIGKILL reaches a frozen process too
+            _kill([r.process.pid for r in victims])
             return f"killed replica {', '.join(str(r.index) for r in victims)}" if victims else None
-        p = self.trainer.process
-        if d.culprit == "trainer" and not isinstance(self.trainer, ExternalTrainer) and p is not None:
-            kill_group(p.pid, grace_s=1.0)
+        if d.culprit == "trainer" and (pid := self._trainer_pid()) is not None:
+            _kill([pid])
             return "killed the trainer"
         return None
 
     def halt(self) -> None:
-        for pool in (self.pool, *self.served_pools.values()):
-            for r in list(pool.replicas):
-                kill_group(r.process.pid, grace_s=1.0)
+        replicas = [r for pool in (self.pool, *self.served_pools.values()) for r in list(pool.replicas)]
+        _kill([r.process.pid for r in replicas] + [pid for pid in [self._trainer_pid()] if pid is not None])
+
+    def _trainer_pid(self) -> int | None:
+        """The trainer process this controller started (SLURM's ranks are not its to kill)."""
         p = self.trainer.process
-        if p is not None and not isinstance(self.trainer, ExternalTrainer):
-            kill_group(p.pid, grace_s=1.0)
+        return None if p is None or isinstance(self.trainer, ExternalTrainer) else p.pid
 
     def stop_sampling(self) -> None:
         """The stream first (a rollout waiting for its groups fails fast), then the replicas (a
@@ -195,6 +194,12 @@ class RunHandles:
     def stop_trainer(self) -> None:
         """Apart from `stop_sampling`: the flow waits for its rollouts in flight between the two."""
         self.trainer.stop()
+
+
+def _kill(pids: list[int | None]) -> None:
+    for pid in pids:
+        if pid is not None:
+            kill_group(pid, grace_s=1.0)  # SIGKILL reaches a frozen process too
 
 
 def trainer_config(store: RunStore) -> Path:
