@@ -10,7 +10,8 @@ GPUs with its own ports and Prefect home, side by side while GPUs are free.
 
 - `api_server`, `engine_core`, `guard`: a part of vLLM replica 0 (the guard is the process rlfleet
   starts; the API server its child; the engine core the server's child).
-- `trainer`: the trainer process (the guard's child); with k = 1 it is training step 2 by then.
+- `trainer`: the trainer process (the guard's child), mid-step: once the next step's batches are
+  published and before its metrics (between steps a trainer's own watch relaunches it).
 - `controller`: `rlfleet rl` itself, then the same command again (a rerun resumes).
 
 seen: kill -> the controller's log line naming it (the pool's "is dead", the train task's
@@ -137,6 +138,14 @@ def streaming_after(step: int, store: RunStore, out: Path) -> bool:
     )
 
 
+def training(step: int, store: RunStore, out: Path) -> bool:
+    """The trainer is inside `step`: its batches are published, its metrics not yet written."""
+    return (
+        step in store.complete_steps(layout.BATCHES)
+        and not (out / layout.step_json("metrics", step)).exists()
+    )
+
+
 def wait(pred, proc: subprocess.Popen, timeout_s: float = 900) -> None:
     deadline = time.monotonic() + timeout_s
     while not pred():
@@ -184,6 +193,8 @@ def one(
         proc = start()
         for i, fault in enumerate(faults):
             wait(lambda step=1 + 2 * i: streaming_after(step, store, out), proc)
+            if fault == "trainer":
+                wait(lambda step=2 + 2 * i: training(step, store, out), proc)
             part = proc if fault == "controller" else victim(out, fault)
             logged = log_path.stat().st_size  # this kill's mark is looked for after here
             os.kill(part.pid, signal.SIGKILL)
