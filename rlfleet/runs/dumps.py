@@ -75,10 +75,13 @@ def status(pid: int) -> str:
 def py_spy() -> str | None:
     """The py-spy binary: beside this interpreter (a virtualenv's bin/), on PATH, else in the bin/
     of a `pip install --target` directory on sys.path (how a GPU machine without network gets it)."""
-    beside = [Path(sys.executable).parent / "py-spy"]
-    targets = [Path(entry) / "bin" / "py-spy" for entry in sys.path if entry]
-    found = next((p for p in beside if p.is_file()), None) or shutil.which("py-spy")
-    return str(found) if found else next((str(p) for p in targets if p.is_file()), None)
+    here = Path(sys.executable).parent / "py-spy"
+    if here.is_file():
+        return str(here)
+    if found := shutil.which("py-spy"):
+        return found
+    targets = (Path(entry) / "bin" / "py-spy" for entry in sys.path if entry)
+    return next((str(p) for p in targets if p.is_file()), None)
 
 
 def py_spy_dump(pid: int, timeout_s: float) -> str:

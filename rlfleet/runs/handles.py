@@ -171,7 +171,7 @@ class RunHandles:
 
     def halt(self) -> None:
         replicas = [r for pool in (self.pool, *self.served_pools.values()) for r in list(pool.replicas)]
-        _kill([r.process.pid for r in replicas] + [pid for pid in [self._trainer_pid()] if pid is not None])
+        _kill([*(r.process.pid for r in replicas), self._trainer_pid()])
 
     def _trainer_pid(self) -> int | None:
         """The trainer process this controller started (SLURM's ranks are not its to kill)."""

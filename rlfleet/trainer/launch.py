@@ -104,9 +104,11 @@ class TrainerProcess:
         Returns the exit code of the trainer it replaces (a relaunch), else None."""
         with self.lock:
             died = self._ensure()
-        if self._watcher is None and not self._stop.is_set():
-            self._watcher = threading.Thread(target=self._watch, name="rlfleet-trainer-watch", daemon=True)
-            self._watcher.start()
+            if self._watcher is None and not self._stop.is_set():  # one watch, however many callers
+                self._watcher = threading.Thread(
+                    target=self._watch, name="rlfleet-trainer-watch", daemon=True
+                )
+                self._watcher.start()
         return died
 
     def take_relaunched(self) -> list[int | None]:
