@@ -6,7 +6,10 @@ Not yet run on GPUs.
     python benchmarks/distill.py --out benchmarks/results/distill_h100x2.json              # 2+ GPUs
     python benchmarks/distill.py --out /tmp/d.json --teacher-steps 2 --steps 2 --device cpu  # a smoke run
 
-Arms (same seed, same prompts): `rl` (the task's reward only), `distill` (`loss.distill` with
+Other `--section.key value` arguments override every run's config (e.g. `--eval.num-examples 50`).
+
+Arms (same seed, same prompts): `rl` (the task's reward only; the teacher's own run when this
+script trains the teacher), `distill` (`loss.distill` with
 `with_reward = false`: the teacher's per-token term only; the reward is still computed, so the curves
 compare), `mixed` (both). On GPUs the policy and trainer share GPU 0 (colocated) and the teacher
 gets GPU 1 (`--teacher-gpus 1`); `--teacher-gpus 0` serves it on the CPU.
@@ -24,7 +27,7 @@ from common import run_rl, write  # benchmarks/common.py puts the repo root on s
 
 from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
-from rlfleet.store import RunStore
+from rlfleet.store import RunStore, layout
 from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,14 +41,15 @@ def config(
     args = ["@", str(EXAMPLE)] + (["@", str(toml)] if toml else [])
     args += [
         "--model.path", a.model, "--output-dir", str(out), "--max-steps", str(steps),
-        "--trainer.checkpoint-interval", str(steps), "--eval.interval", str(max(steps // 2, 1)),
+        "--trainer.checkpoint-interval", str(steps),
+        "--eval.interval", str(a.eval_interval or max(steps // 2, 1)),
         "--inference.port", str(free_port()), "--wandb.mode", "disabled",
     ]  # fmt: skip
     if gpu:
         # policy and trainer share GPU 0, the teacher takes GPU 1
         args += ["--deployment.placement", "colocated", "--deployment.num-inference-gpus", "1"]
         args += ["--deployment.num-train-gpus", "1"]
-    return load(RLConfig, args + extra)
+    return load(RLConfig, args + a.overrides + extra)
 
 
 def teacher_toml(path: str, a: argparse.Namespace, with_reward: bool, out: Path) -> Path:
@@ -58,11 +62,13 @@ def teacher_toml(path: str, a: argparse.Namespace, with_reward: bool, out: Path)
 
 
 def curve(out: Path, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per step: the task's reward, greedy pass@1 where evaluated, the teacher gap, the clock."""
+    """Per step: the task's reward, greedy pass@1 where evaluated, the teacher gap, the clock, and
+    the seconds the step's groups waited for the teacher (summed over groups, which overlap)."""
     store, t0 = RunStore(out), (steps[0]["finished_at"] - steps[0]["step_seconds"]) if steps else 0.0
-    rows = []
+    rows, teacher_ms = [], 0
     for s in steps:
-        metrics = store.read_json(f"metrics/step_{s['step']}.json")
+        metrics = store.read_json(layout.step_json("metrics", s["step"]))
+        stream = store.manifest(layout.step_dir(layout.ROLLOUTS, s["step"]))["stream"]
         rows.append(
             {
                 "step": s["step"],
@@ -70,11 +76,46 @@ def curve(out: Path, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "pass@1": {e: v["pass@1"] for e, v in s.get("eval", {}).items()},
                 "distill_kl": metrics.get("distill_kl"),
                 "step_seconds": s["step_seconds"],
+                "teacher_s": (stream.get("teacher_ms", 0) - teacher_ms) / 1000,
                 "elapsed_s": s["finished_at"] - t0,
                 "tokens": s["num_completion_tokens"],
             }
         )
+        teacher_ms = stream.get("teacher_ms", 0)
     return rows
+
+
+def arm(out: Path, steps: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    rows = curve(out, steps)
+    return {
+        "wall_s": wall,
+        "base_pass@1": RunStore(out).read_json("evals/base.json")["pass_rate"]
+        if (out / "evals/base.json").exists()
+        else None,
+        "curve": rows,
+        "last3_mean_reward": statistics.fmean(r["mean_reward"] for r in rows[-3:]),
+        "median_step_s": statistics.median(r["step_seconds"] for r in rows),
+        "median_teacher_s": statistics.median(r["teacher_s"] for r in rows),
+    }
+
+
+def steps_to(rows: list[dict[str, Any]], target: float) -> int | None:
+    """Steps trained when greedy pass@1 first reached `target` (mean over envs), or None."""
+    for r in rows:
+        if r["pass@1"] and statistics.fmean(r["pass@1"].values()) >= target:
+            return r["step"] + 1
+    return None
+
+
+def summary(results: dict[str, Any]) -> dict[str, Any]:
+    """Issue 45's figure: steps to 90% of the teacher's final pass@1, distillation against RL."""
+    teacher = [r for r in results["teacher"]["curve"] if r["pass@1"]][-1] if "teacher" in results else None
+    if teacher is None:
+        return {}
+    target = 0.9 * statistics.fmean(teacher["pass@1"].values())
+    to = {name: steps_to(a["curve"], target) for name, a in results["arms"].items()}
+    ratio = {k: to[k] / to["rl"] for k in to if k != "rl" and to[k] and to.get("rl")}
+    return {"teacher_pass@1": target / 0.9, "target_pass@1": target, "steps_to_target": to, "over_rl": ratio}
 
 
 def main() -> None:
@@ -89,7 +130,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--coef", type=float, default=1.0)
     ap.add_argument("--arms", default="rl,distill,mixed")
-    a = ap.parse_args()
+    ap.add_argument("--eval-interval", type=int, default=0, help="0: twice a run")
+    a, a.overrides = ap.parse_known_args()
     if a.device == "cpu":
         a.teacher_gpus = 0
     work = Path(a.work)
@@ -97,22 +139,21 @@ def main() -> None:
     results: dict[str, Any] = {"args": vars(a), "arms": {}}
     teacher = a.teacher
     if not teacher:
+        # the teacher's own run is RL alone from the same model, seed and prompts: the `rl` arm
         out = work / "teacher"
         steps, wall = run_rl(config(a, out, a.teacher_steps, []))
         teacher = str(out / f"checkpoints/step_{a.teacher_steps - 1}/model")
-        results["teacher"] = {"path": teacher, "wall_s": wall, "curve": curve(out, steps)}
-    for arm in [x for x in a.arms.split(",") if x]:
-        out = work / arm
-        toml = None if arm == "rl" else teacher_toml(teacher, a, arm == "mixed", work)
+        results["teacher"] = {"path": teacher, **arm(out, steps, wall)}
+        results["arms"]["rl"] = results["teacher"]
+    for name in [x for x in a.arms.split(",") if x and x not in results["arms"]]:
+        out = work / name
+        toml = None if name == "rl" else teacher_toml(teacher, a, name == "mixed", work)
         steps, wall = run_rl(config(a, out, a.steps, [], toml))
-        rows = curve(out, steps)
-        results["arms"][arm] = {
-            "wall_s": wall,
-            "curve": rows,
-            "last3_mean_reward": statistics.fmean(r["mean_reward"] for r in rows[-3:]),
-            "median_step_s": statistics.median(r["step_seconds"] for r in rows),
-        }
-        print(json.dumps({arm: {k: v for k, v in results["arms"][arm].items() if k != "curve"}}))
+        results["arms"][name] = arm(out, steps, wall)
+        print(json.dumps({name: {k: v for k, v in results["arms"][name].items() if k != "curve"}}))
+        write(a.out, results)  # each arm as it ends: a cut run keeps what finished
+    results["summary"] = summary(results)
+    print(json.dumps(results["summary"]))
     write(a.out, results)
 
 

@@ -253,9 +253,17 @@ def one(
             "tokens_sampled_again": streamed - kept - dropped,
             "tokens_dropped": dropped,
             "every_step_once": once,
+            # the last life's stream counts: what its resume dropped or continued
+            "stream": last_stream(store),
             "log": str(log_path),
         })  # fmt: skip
     return rows
+
+
+def last_stream(store: RunStore) -> dict[str, int] | None:
+    """The stream's counts in the last published rollout (its life's: a rerun starts them again)."""
+    steps = store.complete_steps(layout.ROLLOUTS)
+    return store.manifest(layout.step_dir(layout.ROLLOUTS, max(steps))).get("stream") if steps else None
 
 
 def gpu_groups(per_run: int) -> list[list[str]]:

@@ -15,7 +15,7 @@ import pytest
 
 from rlfleet.orchestrator.rollout import read_rollout
 from rlfleet.procs import pid_alive
-from rlfleet.store import RunStore
+from rlfleet.store import RunStore, layout
 from tests.helpers import assert_every_step_once, flow_run_logs, prompt_logprobs, rl_config
 
 pytestmark = pytest.mark.e2e
@@ -126,6 +126,8 @@ def test_distill_from_a_served_teacher_that_also_judges_and_is_relaunched(tiny_m
     ]
     metrics = store.read_json("metrics/step_0.json")
     assert metrics["distill_kl"] == pytest.approx(statistics.fmean(gaps), rel=1e-3, abs=1e-4)
+    # what the groups waited for the teacher is counted (benchmarks/distill.py reports it per step)
+    assert store.manifest(layout.step_dir(layout.ROLLOUTS, 1))["stream"]["teacher_ms"] > 0
 
     # The judge's replies arrived as scores.
     for step in (0, 1):

@@ -72,6 +72,7 @@ class Counts:
     refilled: int = 0  # dynamic sampling: groups started in place of held ones
     resumed_samples: int = 0  # continued from the tokens an earlier life logged (partials.py)
     dropped_partial: int = 0  # groups an earlier life left in flight, too stale to continue
+    teacher_ms: int = 0  # loss.distill: groups' waits for the teacher's logprobs, summed (they overlap)
 
 
 @dataclass

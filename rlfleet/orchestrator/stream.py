@@ -281,7 +281,10 @@ class RolloutStream:
             trajs = await rollout_group(env, example, self.params, tok, sampler, samples)
             finished = Group(uid, env.name, [trajectory_record(t, 0, env.name, served) for t in trajs])
             if self.teacher is not None:  # overlaps the other groups' sampling (teacher.py)
+                asked = time.monotonic()
                 await self.teacher.score(finished.records)
+                with self._cond:
+                    self.buffer.counts.teacher_ms += round((time.monotonic() - asked) * 1000)
             tokens = sum(sum(r["loss_mask"]) for r in finished.records)  # before a mask shapes them
             shape_overlong(finished.records, self.cfg.shaping, self.cfg.max_tokens)
             await asyncio.to_thread(self.buffer.write, finished)  # off the loop: fsync
