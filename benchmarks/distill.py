@@ -118,9 +118,41 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
     return {"teacher_pass@1": target / 0.9, "target_pass@1": target, "steps_to_target": to, "over_rl": ratio}
 
 
+def plot(results: dict[str, Any], png: str) -> None:
+    """Greedy pass@1 of each arm against steps trained and against the loop's seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, a in results["arms"].items():
+        pts = [(0, 0.0, a["base_pass@1"])] if a["base_pass@1"] is not None else []
+        pts += [
+            (r["step"] + 1, r["elapsed_s"], statistics.fmean(r["pass@1"].values()))
+            for r in a["curve"]
+            if r["pass@1"]
+        ]
+        label = "rl (the teacher's run)" if name == "rl" and "teacher" in results else name
+        axes[0].plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=label)
+        axes[1].plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=label)
+    if target := results.get("summary", {}).get("target_pass@1"):
+        for ax in axes:
+            ax.axhline(target, color="grey", linestyle=":", label="90% of the teacher")
+    axes[0].set_xlabel("steps trained")
+    axes[1].set_xlabel("seconds since the first step began (evals included)")
+    for ax in axes:
+        ax.set_ylabel("eval pass@1 (greedy)")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle("SmolLM2-135M-Instruct, one-digit addition: on-policy distillation against RL")
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", required=True, help="the JSON; its .png beside it")
     ap.add_argument("--model", default="models/smollm2")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--work", default="outputs/distill_bench")
@@ -155,6 +187,7 @@ def main() -> None:
     results["summary"] = summary(results)
     print(json.dumps(results["summary"]))
     write(a.out, results)
+    plot(results, str(Path(a.out).with_suffix(".png")))
 
 
 if __name__ == "__main__":
