@@ -28,6 +28,7 @@ from common import run_rl, write  # benchmarks/common.py puts the repo root on s
 from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
 from rlfleet.store import RunStore, layout
+from rlfleet.store.records import read_steps
 from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,7 +157,12 @@ def main() -> None:
     ap.add_argument("--model", default="models/smollm2")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--work", default="outputs/distill_bench")
-    ap.add_argument("--teacher", default="", help="an HF directory; unset: RL the model for --teacher-steps")
+    ap.add_argument(
+        "--teacher",
+        default="",
+        help="an HF directory, or an earlier teacher run's directory (its curve is the rl arm); "
+        "unset: RL the model for --teacher-steps",
+    )
     ap.add_argument("--teacher-steps", type=int, default=40)
     ap.add_argument("--teacher-gpus", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
@@ -170,17 +176,25 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"args": vars(a), "arms": {}}
     teacher = a.teacher
-    if not teacher:
-        # the teacher's own run is RL alone from the same model, seed and prompts: the `rl` arm
-        out = work / "teacher"
-        steps, wall = run_rl(config(a, out, a.teacher_steps, []))
-        teacher = str(out / f"checkpoints/step_{a.teacher_steps - 1}/model")
+    if not teacher or (Path(teacher) / "summary.json").exists():
+        # the teacher's own run (this one's or an earlier one's) is RL alone from the same model,
+        # seed and prompts: the `rl` arm
+        out = Path(teacher) if teacher else work / "teacher"
+        if teacher:
+            steps = read_steps(RunStore(out))
+            wall = steps[-1]["finished_at"] - steps[0]["finished_at"] + steps[0]["step_seconds"]
+        else:
+            steps, wall = run_rl(config(a, out, a.teacher_steps, []))
+        teacher = str(out / f"checkpoints/step_{steps[-1]['step']}/model")
         results["teacher"] = {"path": teacher, **arm(out, steps, wall)}
         results["arms"]["rl"] = results["teacher"]
     for name in [x for x in a.arms.split(",") if x and x not in results["arms"]]:
         out = work / name
-        toml = None if name == "rl" else teacher_toml(teacher, a, name == "mixed", work)
-        steps, wall = run_rl(config(a, out, a.steps, [], toml))
+        toml, extra = None, []
+        if name != "rl":  # all-equal rewards still carry the teacher's term (config/models.py)
+            toml = teacher_toml(teacher, a, name == "mixed", work)
+            extra = ["--orchestrator.shaping.dynamic-sampling", "false"]
+        steps, wall = run_rl(config(a, out, a.steps, extra, toml))
         results["arms"][name] = arm(out, steps, wall)
         print(json.dumps({name: {k: v for k, v in results["arms"][name].items() if k != "curve"}}))
         write(a.out, results)  # each arm as it ends: a cut run keeps what finished

@@ -184,6 +184,14 @@ def test_served_config_names_ports_and_teacher():
             },
             "must exceed inference.max_model_len",
         ),
+        (  # all-equal rewards still carry the teacher's term: dropping those groups loses it
+            {
+                "served": [{"name": "t", "path": "t"}],
+                "loss": {"distill": {"teacher": "t", "with_reward": False}},
+                "orchestrator": {"shaping": {"dynamic_sampling": True}},
+            },
+            "set dynamic_sampling = false",
+        ),
     ):
         with pytest.raises(ValueError, match=match):
             RLConfig.model_validate(base | bad)

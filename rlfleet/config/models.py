@@ -171,6 +171,7 @@ class RLConfig(_FlowRunBase, WithLoss):
         sleep_fits(i, o, d)
         self.faults.check(o.env)
         served_fit(self)
+        distill_fits(self)
         return self
 
     def trainer_job(self, gpu_ids: list[str] | None = None) -> TrainerJobConfig:
@@ -254,8 +255,7 @@ def replicas_fit_gpus(d: Deployment, i: InferenceConfig) -> None:
 
 
 def served_fit(cfg: RLConfig) -> None:
-    """Served models have unique names, their ports do not overlap the policy's, and a teacher
-    (`loss.distill.teacher`) is one of them and sees whole trajectories."""
+    """Served models have unique names and their ports do not overlap the policy's."""
     names = [s.name for s in cfg.served]
     if len(set(names)) != len(names):
         raise ValueError(f"served: names must be unique, got {names}")
@@ -269,7 +269,12 @@ def served_fit(cfg: RLConfig) -> None:
         if mine & taken or port + s.num_replicas - 1 > 65535:
             raise ValueError(f"served.{k}.port: ports {sorted(mine)} overlap another model's or exceed 65535")
         taken |= mine
-    d = cfg.loss.distill
+
+
+def distill_fits(cfg: RLConfig) -> None:
+    """A teacher (`loss.distill.teacher`) is a served model that sees whole trajectories, and no
+    shaping throws away the samples whose only signal is its per-token term."""
+    d, i, names = cfg.loss.distill, cfg.inference, [s.name for s in cfg.served]
     if d is None:
         return
     teacher = next((s for s in cfg.served if s.name == d.teacher), None)
@@ -279,6 +284,11 @@ def served_fit(cfg: RLConfig) -> None:
         raise ValueError(
             f"served.{names.index(d.teacher)}.max_model_len ({teacher.max_model_len}) must exceed "
             f"inference.max_model_len ({i.max_model_len}): the teacher scores whole trajectories"
+        )
+    if cfg.orchestrator.shaping.dynamic_sampling:
+        raise ValueError(
+            "orchestrator.shaping.dynamic_sampling drops groups whose rewards are all equal, but with "
+            "loss.distill every sample carries the teacher's per-token term: set dynamic_sampling = false"
         )
 
 
