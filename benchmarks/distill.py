@@ -1,18 +1,20 @@
 """Issue 45's measured comparison: a SmolLM2-135M student learning one-digit addition
 (examples/smollm2/rl.toml) by RL, by on-policy distillation from a teacher, and by both, per step and
 per second. The teacher is the same model after RL on the task (phase 1 of this script, or `--teacher`).
-Not yet run on GPUs.
+Not yet run on GPUs; on 2 CPU cores: benchmarks/results/distill_cpu_2core.json.
 
     python benchmarks/distill.py --out benchmarks/results/distill_h100x2.json              # 2+ GPUs
     python benchmarks/distill.py --out /tmp/d.json --teacher-steps 2 --steps 2 --device cpu  # a smoke run
 
 Other `--section.key value` arguments override every run's config (e.g. `--eval.num-examples 50`).
 
-Arms (same seed, same prompts): `rl` (the task's reward only; the teacher's own run when this
-script trains the teacher), `distill` (`loss.distill` with
-`with_reward = false`: the teacher's per-token term only; the reward is still computed, so the curves
-compare), `mixed` (both). On GPUs the policy and trainer share GPU 0 (colocated) and the teacher
-gets GPU 1 (`--teacher-gpus 1`); `--teacher-gpus 0` serves it on the CPU.
+Arms (same seed, same prompts): `rl` (the task's reward only; without it in `--arms`, the
+teacher's own run stands for it), `distill` (`loss.distill` with `with_reward = false`: the
+teacher's per-token term only; the reward is still computed, so the curves compare), `mixed` (both).
+The distill arms turn dynamic sampling off (config/models.py refuses it with `loss.distill`). An arm
+whose run already finished in `--work` is read back, not run again: a cut benchmark goes on. On GPUs
+the policy and trainer share GPU 0 (colocated) and the teacher gets GPU 1 (`--teacher-gpus 1`);
+`--teacher-gpus 0` serves it on the CPU.
 """
 
 from __future__ import annotations
@@ -84,6 +86,17 @@ def curve(out: Path, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         )
         teacher_ms = stream.get("teacher_ms", 0)
     return rows
+
+
+def done(out: Path, steps: int | None = None) -> tuple[list[dict[str, Any]], float] | None:
+    """An arm's finished run in `out` (its steps, and its wall from first step to last), so that a
+    rerun of this script reuses it; None if there is none (or it has fewer than `steps` steps)."""
+    if not (out / "summary.json").exists():
+        return None
+    records = read_steps(RunStore(out))
+    if not records or (steps is not None and len(records) < steps):
+        return None
+    return records, records[-1]["finished_at"] - records[0]["finished_at"] + records[0]["step_seconds"]
 
 
 def arm(out: Path, steps: list[dict[str, Any]], wall: float) -> dict[str, Any]:
@@ -175,26 +188,26 @@ def main() -> None:
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"args": vars(a), "arms": {}}
+    arms = [x for x in a.arms.split(",") if x]
     teacher = a.teacher
     if not teacher or (Path(teacher) / "summary.json").exists():
         # the teacher's own run (this one's or an earlier one's) is RL alone from the same model,
-        # seed and prompts: the `rl` arm
+        # seed and prompts: the `rl` arm unless --arms names one
         out = Path(teacher) if teacher else work / "teacher"
-        if teacher:
-            steps = read_steps(RunStore(out))
-            wall = steps[-1]["finished_at"] - steps[0]["finished_at"] + steps[0]["step_seconds"]
-        else:
-            steps, wall = run_rl(config(a, out, a.teacher_steps, []))
+        steps, wall = done(out, None if teacher else a.teacher_steps) or run_rl(
+            config(a, out, a.teacher_steps, [])
+        )
         teacher = str(out / f"checkpoints/step_{steps[-1]['step']}/model")
         results["teacher"] = {"path": teacher, **arm(out, steps, wall)}
-        results["arms"]["rl"] = results["teacher"]
-    for name in [x for x in a.arms.split(",") if x and x not in results["arms"]]:
+        if "rl" not in arms:
+            results["arms"]["rl"] = results["teacher"]
+    for name in arms:
         out = work / name
         toml, extra = None, []
         if name != "rl":  # all-equal rewards still carry the teacher's term (config/models.py)
             toml = teacher_toml(teacher, a, name == "mixed", work)
             extra = ["--orchestrator.shaping.dynamic-sampling", "false"]
-        steps, wall = run_rl(config(a, out, a.steps, extra, toml))
+        steps, wall = done(out, a.steps) or run_rl(config(a, out, a.steps, extra, toml))
         results["arms"][name] = arm(out, steps, wall)
         print(json.dumps({name: {k: v for k, v in results["arms"][name].items() if k != "curve"}}))
         write(a.out, results)  # each arm as it ends: a cut run keeps what finished
