@@ -150,16 +150,20 @@ def plot(results: dict[str, Any], png: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, a in results["arms"].items():
+    lines = dict(results["arms"])
+    if "teacher" in results and lines.get("rl") is not results["teacher"]:
+        lines["the teacher's run (RL)"] = results["teacher"]
+    for name, a in lines.items():
         pts = [(0, 0.0, a["base_pass@1"])] if a["base_pass@1"] is not None else []
         pts += [
             (r["step"] + 1, r["train_s"], statistics.fmean(r["pass@1"].values()))
             for r in a["curve"]
             if r["pass@1"]
         ]
-        label = "rl (the teacher's run)" if name == "rl" and "teacher" in results else name
-        axes[0].plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=label)
-        axes[1].plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=label)
+        label = "rl (the teacher's run)" if a is results.get("teacher") and name == "rl" else name
+        style = "--" if a is results.get("teacher") and name != "rl" else "-"
+        axes[0].plot([p[0] for p in pts], [p[2] for p in pts], style, marker="o", label=label)
+        axes[1].plot([p[1] for p in pts], [p[2] for p in pts], style, marker="o", label=label)
     if target := results.get("summary", {}).get("target_pass@1"):
         for ax in axes:
             ax.axhline(target, color="grey", linestyle=":", label="90% of the teacher")

@@ -166,6 +166,27 @@ def smollm2_cpu() -> list[Row]:
     ]
 
 
+def distill_cpu() -> list[Row]:
+    """On-policy distillation against RL with SmolLM2 on a 2-core CPU box: steps to 90% of the
+    teacher's (an RL run's) greedy pass@1."""
+    doc = load("distill_cpu_2core.json")
+    s = doc["results"]["summary"]
+    steps, secs = s["steps_to_target"], s["train_s_to_target"]
+    return [
+        Row(
+            f"SmolLM2-135M on a CPU box, one-digit addition: steps to 90% of the RL teacher's pass@1 "
+            f"({s['teacher_pass@1']:.2f}), on-policy distillation",
+            f"{steps['distill']} steps ({secs['distill']:.0f} s in the loop)",
+            f"RL alone (rlfleet): {steps['rl']} steps ({secs['rl']:.0f} s)",
+            f"{s['steps_over_rl']['distill']:.2f}x the steps",
+            date(doc),
+            machine(doc["env"]),
+            "python benchmarks/distill.py --device cpu --teacher-steps 12 --steps 8 --eval-interval 1 --out ...",
+            "algorithms.md#measured-smollm2-on-a-cpu-box",
+        )
+    ]
+
+
 def trainer_mfu() -> list[Row]:
     """The trainer's step against plain transformers on the same host (1.5B shape, seq 4096)."""
     doc = load("trainer_mfu_h100_mbs4x4.json")
@@ -210,6 +231,7 @@ HEADLINES: list[Callable[[], list[Row]]] = [
     long_tail,
     learning_vs_trl,
     smollm2_cpu,
+    distill_cpu,
     trainer_mfu,
     cpu_tiny_vs_trl,
 ]
