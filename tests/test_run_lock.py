@@ -7,7 +7,7 @@ import os
 import pytest
 
 from rlfleet.config.loader import ConfigError
-from rlfleet.runs.lock import acquire_run_lock, release_run_lock
+from rlfleet.runs.lock import acquire_run_lock, reap_earlier_life, release_run_lock
 from rlfleet.store import RunStore
 
 
@@ -26,3 +26,41 @@ def test_one_controller_per_run(tmp_path):
     acquire_run_lock(store)
     release_run_lock(store)
     assert not lock.exists()
+
+
+def test_a_rerun_reaps_what_a_killed_controller_left_before_it_checks_the_ports(tiny_model, tmp_path):
+    """The trainer and servers of a controller killed a moment ago may still hold their ports when
+    the rerun starts; the rerun kills them (they are named by the run's pidfiles) and waits, instead
+    of refusing the port. While a live controller owns the run, nothing is touched."""
+    import socket
+    import subprocess
+    import sys
+
+    from rlfleet.procs import pid_alive, write_pidfile
+    from rlfleet.runs.configs import resolve
+    from tests.helpers import free_port, rl_config
+
+    port = free_port()
+    cfg = rl_config(tiny_model, tmp_path / "run", max_steps=1, **{"inference.port": str(port)})
+    holder = (  # the dead controller's vLLM, still listening on the replica's port
+        "import socket, sys, time\n"
+        f"s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); print('up', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    orphan = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert orphan.stdout.readline() == b"up\n"
+        run = tmp_path / "run" / "run"
+        write_pidfile(run / "inference_0.pid", orphan.pid)
+        write_pidfile(run / "controller.pid", os.getppid())  # a live controller owns the run
+        reap_earlier_life(str(tmp_path / "run"))
+        assert pid_alive(run / "inference_0.pid") == orphan.pid  # not ours to kill
+        (run / "controller.pid").write_text("999999999\n0\n")  # that controller was killed
+
+        resolve(cfg)  # no "port in use": the orphan was reaped first
+        assert orphan.wait(timeout=30) is not None and not (run / "inference_0.pid").exists()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    finally:
+        orphan.kill()
+        orphan.wait()

@@ -14,6 +14,7 @@ from rlfleet.config.models import RLConfig
 from rlfleet.config.placement import Placement, check_gpus
 from rlfleet.config.served import check_teacher_tokenizer
 from rlfleet.orchestrator.envs import check_envs
+from rlfleet.runs.lock import reap_earlier_life
 from rlfleet.store import RunDir, layout, run_store
 from rlfleet.store.writable import check_output_dir
 
@@ -79,7 +80,10 @@ def check_served(cfg: RLConfig, ports: bool = True) -> list[str]:
 
 def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, Placement]:
     """The config a run executes (cores split, placement defaults filled) after its preflight, and
-    its placement: what the flow runs and what `vllm_started_early` starts."""
+    its placement: what the flow runs and what `vllm_started_early` starts. ports=True (a launch):
+    first reaps what a killed controller of this run left running."""
+    if ports:  # a launch here: a killed controller's trainer and servers would hold the ports
+        reap_earlier_life(config.output_dir)
     cfg = split_cpus(config)  # async on a CPU box: vLLM and the trainer on separate cores
     p = preflight(cfg, ports)
     return gpu_defaults(cfg, p.inference_gpus, p.trainer_gpus), p

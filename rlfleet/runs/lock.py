@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from rlfleet.config.loader import ConfigError
-from rlfleet.procs import pid_alive, write_pidfile
-from rlfleet.store import RunDir, RunStore
+from rlfleet.procs import pid_alive, reap_pidfile, write_pidfile
+from rlfleet.store import RunDir, RunStore, local_dir
 
 
 def acquire_run_lock(store: RunStore) -> None:
@@ -23,3 +23,16 @@ def acquire_run_lock(store: RunStore) -> None:
 
 def release_run_lock(store: RunStore) -> None:
     RunDir(store.local_dir).pidfile("controller").unlink(missing_ok=True)
+
+
+def reap_earlier_life(output_dir: str) -> None:
+    """Kill what a killed controller of this run left (its trainer and servers, named by the run's
+    pidfiles) and wait for them to exit, so that a rerun finds their ports free: their deaths follow
+    the controller's only as fast as signals travel. Nothing while a live controller owns the run."""
+    run = RunDir(local_dir(output_dir))
+    lock = run.pidfile("controller")
+    if pid_alive(lock) is not None:
+        return
+    for pidfile in run.pidfiles():
+        if pidfile != lock:
+            reap_pidfile(pidfile)
