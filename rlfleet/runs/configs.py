@@ -82,7 +82,9 @@ def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, Placement]:
     """The config a run executes (cores split, placement defaults filled) after its preflight, and
     its placement: what the flow runs and what `vllm_started_early` starts. ports=True (a launch):
     first reaps what a killed controller of this run left running."""
-    if ports:  # a launch here: a killed controller's trainer and servers would hold the ports
+    # a launch that starts its own replicas (given urls, a SLURM job's steps own them and the
+    # trainer): what a killed controller of this run left would hold their ports
+    if ports and not config.inference.urls:
         reap_earlier_life(config.output_dir)
     cfg = split_cpus(config)  # async on a CPU box: vLLM and the trainer on separate cores
     p = preflight(cfg, ports)
