@@ -90,21 +90,21 @@ def curve(out: Path, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def done(out: Path, steps: int | None = None) -> tuple[list[dict[str, Any]], float] | None:
-    """An arm's finished run in `out` (its steps, and its wall from first step to last), so that a
-    rerun of this script reuses it; None if there is none (or it has fewer than `steps` steps)."""
+def done(out: Path, steps: int | None = None) -> list[dict[str, Any]] | None:
+    """An arm's finished run in `out`, its step records, so that a rerun of this script reuses it;
+    None if there is none (or it has fewer than `steps` steps)."""
     if not (out / "summary.json").exists():
         return None
     records = read_steps(RunStore(out))
-    if not records or (steps is not None and len(records) < steps):
-        return None
-    return records, records[-1]["finished_at"] - records[0]["finished_at"] + records[0]["step_seconds"]
+    return records if records and (steps is None or len(records) >= steps) else None
 
 
-def arm(out: Path, steps: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+def arm(out: Path, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """An arm's curve and figures; `loop_s`: its first step's start to its last step's end (a run
+    read back and one just run alike)."""
     rows = curve(out, steps)
     return {
-        "wall_s": wall,
+        "loop_s": steps[-1]["finished_at"] - steps[0]["finished_at"] + steps[0]["step_seconds"],
         "base_pass@1": RunStore(out).read_json("evals/base.json")["pass_rate"]
         if (out / "evals/base.json").exists()
         else None,
@@ -208,11 +208,11 @@ def main() -> None:
         # the teacher's own run (this one's or an earlier one's) is RL alone from the same model,
         # seed and prompts: the `rl` arm unless --arms names one
         out = Path(teacher) if teacher else work / "teacher"
-        steps, wall = done(out, None if teacher else a.teacher_steps) or run_rl(
-            config(a, out, a.teacher_steps, [])
+        steps = (
+            done(out, None if teacher else a.teacher_steps) or run_rl(config(a, out, a.teacher_steps, []))[0]
         )
         teacher = str(out / f"checkpoints/step_{steps[-1]['step']}/model")
-        results["teacher"] = {"path": teacher, **arm(out, steps, wall)}
+        results["teacher"] = {"path": teacher, **arm(out, steps)}
         if "rl" not in arms:
             results["arms"]["rl"] = results["teacher"]
     for name in arms:
@@ -221,8 +221,8 @@ def main() -> None:
         if name != "rl":  # all-equal rewards still carry the teacher's term (config/models.py)
             toml = teacher_toml(teacher, a, name == "mixed", work)
             extra = ["--orchestrator.shaping.dynamic-sampling", "false"]
-        steps, wall = done(out, a.steps) or run_rl(config(a, out, a.steps, extra, toml))
-        results["arms"][name] = arm(out, steps, wall)
+        steps = done(out, a.steps) or run_rl(config(a, out, a.steps, extra, toml))[0]
+        results["arms"][name] = arm(out, steps)
         print(json.dumps({name: {k: v for k, v in results["arms"][name].items() if k != "curve"}}))
         write(a.out, results)  # each arm as it ends: a cut run keeps what finished
     results["summary"] = summary(results)

@@ -226,6 +226,7 @@ def one(
     once = all(len(v) == 1 for v in steps_of.values()) and all(
         (out / layout.step_json("metrics", s)).exists() for s in range(steps)
     )
+    stream = last_stream(store)  # the last life's stream counts: what its resume dropped or continued
     rows = []
     for k in kills:
         # kept: the trained sample starts with the tokens it had streamed (continued on another
@@ -253,8 +254,7 @@ def one(
             "tokens_sampled_again": streamed - kept - dropped,
             "tokens_dropped": dropped,
             "every_step_once": once,
-            # the last life's stream counts: what its resume dropped or continued
-            "stream": last_stream(store),
+            "stream": stream,
             "log": str(log_path),
         })  # fmt: skip
     return rows
