@@ -48,8 +48,8 @@ slurm:
 	bash scripts/install-slurm.sh
 
 # Two workers: one test mostly waits on a subprocess starting (vLLM, Prefect, a trainer), so on 2
-# cores one worker kept about one core busy. Tests that share a SLURM cluster or the SmolLM2 build
-# run on one worker (tests/conftest.py: SHARED_ONCE).
+# cores one worker kept about one core busy. Tests that share a costly fixture (a SLURM cluster,
+# SmolLM2, a module's vLLM host) run on one worker, the long ones first (tests/workers.py).
 TEST_WORKERS ?= 2
 test: $(STAMP) slurm docs-build
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15

@@ -20,6 +20,9 @@ from prefect.logging.configuration import setup_logging
 from rlfleet.procs import kill_group
 from tests.helpers import free_port
 
+# how `make test` spreads the tests over its workers
+pytest_plugins = ["tests.workers"]
+
 # Prefect binds its console handler to sys.stderr once per process, at its first flow run. Bound
 # here, it holds pytest's capture of the whole session. Bound inside a test that uses capfd or
 # capsys, it would hold that test's stream, closed when the test ends, and every later flow run in
@@ -124,16 +127,3 @@ def slurm(tmp_path_factory):
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = old
-
-
-# What one test session may hold only once per machine, or builds once and shares: under
-# `pytest -n N --dist loadgroup` (make test) the tests that use it run on one worker.
-SHARED_ONCE = {"slurm": "slurm", "smollm2": "smollm2"}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        for fixture, group in SHARED_ONCE.items():
-            if fixture in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
