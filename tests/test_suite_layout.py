@@ -58,7 +58,8 @@ def test_a_module_fixture_is_built_once_across_workers_and_long_tests_go_first(t
     fixture run on one of two workers, which builds it once; the e2e test is collected first."""
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.workers"]\n')
     (tmp_path / "test_suite.py").write_text(SUITE)
-    env = {**os.environ, "PYTHONPATH": str(TESTS.parent), "BUILT": str(tmp_path / "built.txt")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # this run's own options
+    env |= {"PYTHONPATH": str(TESTS.parent), "BUILT": str(tmp_path / "built.txt")}
     args = [
         sys.executable,
         "-m",

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 from uuid import UUID
@@ -58,6 +59,33 @@ def check(cmd: list[str], timeout: float = 300, **kw) -> subprocess.CompletedPro
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
     assert proc.returncode == 0, f"{cmd} -> {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
+
+
+def site_packages(venv: Path) -> Path:
+    return venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+
+
+def share_bytecode(src: Path, dst: Path) -> int:
+    """Hard-link this venv's compiled modules into the fresh one. uv hard-links both venvs' files
+    from its cache, so a source here has the same mtime and size there and its .pyc is valid
+    there too; Python checks that on import and recompiles any that is not. Without them the
+    fresh venv's first commands compiled every module of torch, vLLM and Prefect they import
+    (~150 s of CPU). The wheel's own rlfleet is not here (an editable install): it compiles."""
+    shared = 0
+    for cache in src.rglob("__pycache__"):
+        target = dst / cache.relative_to(src)
+        if not target.parent.is_dir():
+            continue
+        target.mkdir(exist_ok=True)
+        for pyc in cache.glob("*.pyc"):
+            try:
+                os.link(pyc, target / pyc.name)
+            except FileExistsError:
+                continue
+            except OSError:  # another filesystem: uv copied the sources too, so no .pyc is valid
+                return shared
+            shared += 1
+    return shared
 
 
 class Venv:
@@ -110,8 +138,12 @@ def venv(tmp_path_factory) -> Venv:
         ]
     )
     check([uv(), "pip", "uninstall", "-q", *py, *makefile_list("NOT_BESIDE_CPU_TORCH")])
+    shared = share_bytecode(Path(sysconfig.get_paths()["purelib"]), site_packages(env_path))
     seconds["install"] = time.monotonic() - t
-    print(f"wheel {wheel.name}: build {seconds['build']:.1f} s, venv + install {seconds['install']:.1f} s")
+    print(
+        f"wheel {wheel.name}: build {seconds['build']:.1f} s, venv + install {seconds['install']:.1f} s"
+        f" ({shared} bytecode files shared)"
+    )
     work = tmp / "work"
     work.mkdir()
     return Venv(env_path, work, seconds)
@@ -127,7 +159,7 @@ def test_the_venv_runs_the_wheels_rlfleet_and_its_packaged_files(venv):
         "[str(p) for p in (PREFECT_FILE, DEFAULT_TEMPLATE, WORKER_TEMPLATE)]}))\n"
     )
     got = json.loads(venv.run("python", "-c", code).stdout)
-    site = venv.path / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    site = site_packages(venv.path)
     assert Path(got["rlfleet"]) == site / "rlfleet" / "__init__.py"
     assert not any(p and Path(p).resolve().is_relative_to(ROOT) for p in got["path"]), got["path"]
     for f in map(Path, got["files"]):
