@@ -69,8 +69,9 @@ def share_bytecode(src: Path, dst: Path) -> int:
     """Hard-link this venv's compiled modules into the fresh one. uv hard-links both venvs' files
     from its cache, so a source here has the same mtime and size there and its .pyc is valid
     there too; Python checks that on import and recompiles any that is not. Without them the
-    fresh venv's first commands compiled every module of torch, vLLM and Prefect they import
-    (~150 s of CPU). The wheel's own rlfleet is not here (an editable install): it compiles."""
+    fresh venv's first commands compile every module of torch, vLLM and Prefect they import
+    (this module alone: 117 s against 87 s). The wheel's own rlfleet is not here (an editable
+    install): it compiles."""
     shared = 0
     for cache in src.rglob("__pycache__"):
         target = dst / cache.relative_to(src)

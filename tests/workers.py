@@ -3,8 +3,9 @@
 A fixture wider than a test is built once per worker that runs a test using it. So the tests that
 share one run on one worker (an `xdist_group`): those of a fixture the machine may hold only once
 or that is costly to build for the whole session (`SHARED_ONCE`), and those of one module that
-share a module-scoped fixture (a vLLM host, a wheel's venv, a Prefect worker). Split across two
-workers, SmolLM2 was built twice and the SLURM cluster started twice.
+share a module-scoped fixture (a vLLM host, a wheel's venv, a Prefect worker). xdist reads the
+groups from the node ids, which pytest 9.2 no longer lets it mark: pyproject.toml keeps pytest
+below it, and tests/test_suite_layout.py fails if the grouping stops.
 
 Then the longest tests go first, so that the run does not end waiting on one of them while the
 other workers idle: the end-to-end ones (marked `e2e` or `slurm`) ahead of the rest.
