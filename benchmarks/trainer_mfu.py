@@ -4,8 +4,8 @@ Random-init Qwen2.5-0.5B and -1.5B shapes (vocab 151936), seq 4096, the same fak
 tokens per optimizer step for both. Plain transformers is the usual loop: `model(...).loss`,
 backward, fused AdamW, bf16 autocast over fp32 weights, sdpa attention. rlfleet is the real train
 step (GRPO loss) with the configured levers. Each measurement runs in its own process so peak
-memory and compile caches do not leak between them. MFU uses the formula in rlfleet/trainer/bench.py
-for both. Writes one JSON with every run and prints the ratios:
+memory and compile caches do not leak between them. MFU uses the formula in rlfleet/trainer/flops.py
+for both (unpacked rows: one sample of seq a row). Writes one JSON with every run and prints the ratios:
 
     python benchmarks/trainer_mfu.py --shapes 0.5b,1.5b --out benchmarks/results/trainer_mfu_h100.json
     python benchmarks/trainer_mfu.py --shapes 1.5b --no-plain --variants levers --out ...levers.json
@@ -72,7 +72,7 @@ def plain(model_dir: str, seq: int, mbs: int, micro_batches: int, warmup: int, s
     """The loop most people write: HF loss, autocast, fused AdamW."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlfleet.trainer.bench import flops_per_token, peak_flops
+    from rlfleet.trainer.flops import model_flops, peak_flops
 
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(model_dir)
@@ -106,7 +106,8 @@ def plain(model_dir: str, seq: int, mbs: int, micro_batches: int, warmup: int, s
         "step_seconds": step_s,
         "step_seconds_all": times,
         "tokens_per_second": tps,
-        "mfu": flops_per_token(config, seq) * tps / peak_flops(torch.device("cuda")),
+        "mfu": model_flops(config, tps, tps * seq)  # a second's rows: tps / seq samples of seq
+        / peak_flops(torch.device("cuda")),
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
         "losses": losses,
     }

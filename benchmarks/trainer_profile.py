@@ -15,11 +15,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from rlfleet.config.loader import load
-from rlfleet.config.loss import LossConfig
 from rlfleet.config.models import TrainerJobConfig
-from rlfleet.trainer.bench import fake_micro_batches
+from rlfleet.trainer.bench import bench_objective, fake_micro_batches
 from rlfleet.trainer.loop import build
-from rlfleet.trainer.losses import PolicyLoss
 from rlfleet.trainer.train import train_step
 
 
@@ -28,7 +26,7 @@ def main() -> None:
     par, policy, opt = build(cfg, cfg.model.path, random_init=True)
     b = cfg.bench
     micro = fake_micro_batches(cfg, policy.lm.config.vocab_size, b.micro_batches)
-    objective = PolicyLoss(LossConfig(), len(micro) * b.micro_batch_size * (b.seq_len - 1))
+    objective = bench_objective(cfg, "grpo", micro, par.world, None)
     for _ in range(b.warmup_steps):
         train_step(policy, opt, micro, objective, cfg.trainer.max_grad_norm, par)
     torch.cuda.synchronize()

@@ -11,8 +11,9 @@ records -> micro-batches -> files. A record is a trajectory's token fields (`inp
   real_tokens [B]       how many leading positions of the row are tokens (the rest is padding)
 With seq_len > 0 sequences are packed instead: rows of exactly seq_len tokens holding several
 sequences, `position_ids [R, L]` restarting at each one (the loss tells sequences apart by them),
-and `advantages [R, L]` per token. A GPU trainer regroups packed rows into micro-batches of its own
-token budget (`regroup_rows`, config/sizing.py): the files are a transport of rows. `real_tokens` is what no other field says exactly (pad_id can be
+and `advantages [R, L]` per token. A GPU trainer repacks the samples into micro-batches of its own
+token budget, one flat row each (`flat_rows`; `regroup_rows` under eager attention; config/sizing.py):
+the files are a transport of samples, and seq_len only the width of their rows. `real_tokens` is what no other field says exactly (pad_id can be
 a real token, e.g. EOS): the MoE router's load counts only those (trainer/router.py).
 
 Packing: position ids restart at 0 at every sequence start. transformers reads restarts as
@@ -175,6 +176,48 @@ def regroup_rows(micro: list[dict[str, torch.Tensor]], sizes: list[int]) -> list
     for n in sizes:
         out.append({k: v[at : at + n] for k, v in rows.items()})
         at += n
+    return out
+
+
+def samples_of(micro: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """Each sample of packed micro-batches, its per-token fields cut out of its row (a row's tail
+    padding is dropped): a sample starts where its position is 0 and ends where the next starts."""
+    out = []
+    for mb in micro:
+        per_token = [k for k in mb if k != "real_tokens"]
+        for r, real in enumerate(mb["real_tokens"].tolist()):
+            starts = (mb["position_ids"][r, :real] == 0).nonzero().squeeze(1).tolist()
+            for a, b in zip(starts, [*starts[1:], real], strict=True):
+                out.append({k: mb[k][r, a:b] for k in per_token})
+    return out
+
+
+def flat_rows(
+    micro: list[dict[str, torch.Tensor]], capacity: int, ranks: int = 1
+) -> list[dict[str, torch.Tensor]]:
+    """A step's packed micro-batches as new ones of one row each: its samples repacked first-fit
+    decreasing into rows of at most `capacity` tokens (but never less than its longest sample), each
+    row exactly as long as what it holds. No padding, so only attention that reads the samples'
+    bounds (varlen, trainer/attention.py) may run them. With several ranks the capacity shrinks, if
+    need be, until the count of micro-batches divides over them (trainer/train.py
+    `shard_micro_batches` repeats a zeroed one for a rank that comes up short)."""
+    samples = samples_of(micro)
+    if not samples:
+        return []
+    lengths = [len(s["input_ids"]) for s in samples]
+    capacity = max(capacity, max(lengths))
+    rows = first_fit(lengths, capacity)
+    if ranks > 1 and len(rows) % ranks:
+        even = -(-sum(lengths) // (-(-len(rows) // ranks) * ranks))  # the tokens of an even split
+        for cap in range(capacity, max(max(lengths), even) - 1, -max(1, capacity // 64)):
+            if len(tried := first_fit(lengths, cap)) % ranks == 0:
+                rows = tried
+                break
+    out = []
+    for members in rows:
+        row = {k: torch.cat([samples[i][k] for i in members]).unsqueeze(0) for k in samples[0]}
+        row["real_tokens"] = torch.tensor([row["input_ids"].shape[1]])
+        out.append(row)
     return out
 
 

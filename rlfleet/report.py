@@ -154,3 +154,12 @@ def wandb_metrics(record: StepRecord, metrics: TrainerMetrics) -> dict[str, floa
     out |= {f"timing/phase_{k}": v for k, v in record["phase_seconds"].items()}
     out |= {f"eval/{env}/{k}": v for env, scores in record.get("eval", {}).items() for k, v in scores.items()}
     return {k: v for k, v in out.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def trainer_speed(metrics: TrainerMetrics) -> str:
+    """The flow log's word on the trainer's step: tokens/s, MFU (a GPU), padding."""
+    mfu = f", MFU {100 * metrics['mfu']:.1f}%" if "mfu" in metrics else ""
+    return (
+        f"{metrics.get('train_tokens_per_s', 0.0):,.0f} tokens/s{mfu}, "
+        f"padding {100 * metrics.get('padding_frac', 0.0):.1f}%"
+    )

@@ -67,52 +67,38 @@ def gpu_defaults(
 def micro_batch_tokens(
     cfg: RLConfig, seq_len: int, trainer_gpus: list[str], share: float, gpu_bytes: int | None = None
 ) -> int | None:
-    """A GPU trainer's micro-batch budget in tokens: trainer.micro_batch_tokens as set, else the
-    user's sequence count orchestrator.micro_batch_size x inference.max_model_len (its longest
-    sequence), else None (the trainer sizes itself at its first batch, trainer/budget.py).
+    """A GPU trainer's micro-batch cap in tokens: trainer.micro_batch_tokens as set, else the user's
+    sequence count orchestrator.micro_batch_size x inference.max_model_len (its longest sequence),
+    else None (the trainer sizes itself at its first batch, trainer/budget.py). A cap is never
+    refused: the trainer takes as many tokens under it as fit.
 
-    Refused here, before anything starts, where even `least_step_bytes` (weights, gradients, AdamW
-    and full activation checkpointing) exceeds the trainer's `share` of its GPU: the message names
-    the field and what fits. A model or GPU this cannot read (a multi-node controller has neither
-    GPU) is left to the trainer's own probe."""
+    Refused here, before anything starts, is a job whose smallest micro-batch (one packed row of
+    seq_len) exceeds the trainer's `share` of its GPU even by `least_step_bytes` (weights,
+    gradients, AdamW and full activation checkpointing); the message names the fields. A model or
+    GPU this cannot read (a multi-node controller has neither GPU) is left to the trainer's own probe."""
     t, o, mml = cfg.trainer, cfg.orchestrator, cfg.inference.max_model_len
     if t.micro_batch_tokens is not None:
-        tokens, field = t.micro_batch_tokens, "trainer.micro_batch_tokens"
-    elif o.micro_batch_size is not None:
-        tokens, field = o.micro_batch_size * mml, "orchestrator.micro_batch_size"
+        tokens = t.micro_batch_tokens
     else:
-        tokens, field = None, ""
+        tokens = None if o.micro_batch_size is None else o.micro_batch_size * mml
     shape = model_shape(cfg.model.path)
-    if shape is None:
-        return tokens
     total = gpu_bytes if gpu_bytes is not None else gpu_memory(trainer_gpus[0]) if trainer_gpus else None
-    if total is None:
+    if shape is None or total is None:
         return tokens
     compute = DTYPE_BYTES.get(t.param_dtype, DTYPE_BYTES[cfg.model.dtype])
     budget = int(total * share)
     most = most_tokens(
         budget, shape, max(1, len(trainer_gpus)), DTYPE_BYTES[cfg.model.dtype], compute, t.lora is None
     )
-    where = (
-        f"at most {most} tokens can fit the trainer's GPU ({budget / GIB:.1f} of {total / GIB:.1f} GiB"
-        f"{', beside vLLM' if share < 1.0 else ''}) even with activation checkpointing"
-    )
     if seq_len > most:
         raise ConfigError(
             f"orchestrator.seq_len: one packed row of {seq_len} tokens (at least inference.max_model_len) "
-            f"is the smallest micro-batch of a GPU trainer, and {where}: lower inference.max_model_len, "
-            "train LoRA adapters ([trainer.lora]) or add trainer GPUs"
+            f"is the smallest micro-batch of a GPU trainer, and at most {most} tokens can fit the "
+            f"trainer's GPU ({budget / GIB:.1f} of {total / GIB:.1f} GiB"
+            f"{', beside vLLM' if share < 1.0 else ''}) even with activation checkpointing: lower "
+            "inference.max_model_len, train LoRA adapters ([trainer.lora]) or add trainer GPUs"
         )
-    if tokens is None or tokens <= most:
-        return tokens
-    if field == "trainer.micro_batch_tokens":
-        raise ConfigError(f"trainer.micro_batch_tokens: {tokens} tokens a micro-batch, and {where}")
-    raise ConfigError(
-        f"orchestrator.micro_batch_size: {o.micro_batch_size} sequences of up to inference.max_model_len = "
-        f"{mml} tokens make a GPU trainer's micro-batch {tokens} tokens, and {where}: set "
-        f"orchestrator.micro_batch_size <= {most // mml}, or unset it and the trainer sizes its "
-        "micro-batches from the memory it finds free"
-    )
+    return tokens
 
 
 def gpu_memory(gpu: str) -> int | None:

@@ -27,15 +27,16 @@ class OrchestratorConfig(Strict):
         None,
         ge=1,
         description="Sequences per trainer micro-batch; unset = 32 right-padded sequences on a CPU. A GPU "
-        "trainer with packed rows counts tokens: unless trainer.micro_batch_tokens is set, this becomes "
-        "micro_batch_size x inference.max_model_len tokens (refused before anything starts if that cannot "
-        "fit), and unset the trainer sizes its micro-batches from the memory it finds free.",
+        "trainer with packed rows counts tokens: unless trainer.micro_batch_tokens is set, this becomes a "
+        "cap of micro_batch_size x inference.max_model_len tokens, of which the trainer takes as many as "
+        "fit without activation checkpointing; unset it sizes its micro-batches from the memory it finds free.",
     )
     seq_len: int | None = Field(
         None,
         ge=0,
-        description="Pack sequences into rows of this many tokens; 0 = one right-padded row each; unset "
-        "= 0, or on a GPU trainer max(inference.max_model_len, 8192).",
+        description="Pack sequences into rows of this many tokens in the batch files; 0 = one right-padded "
+        "row each; unset = 0, or on a GPU trainer max(inference.max_model_len, 8192). Rows are a transport: "
+        "a GPU trainer repacks their samples into micro-batches of its own size.",
     )
     max_async_level: int = Field(
         0,

@@ -1,13 +1,14 @@
 """How many tokens a GPU trainer's micro-batch may hold: the arithmetic, kept free of torch (config:
 placement refuses what cannot fit before anything starts; the trainer sizes itself with the same).
 
-A GPU trainer's micro-batch is whole packed rows (rlfleet/microbatches.py) totalling at most
-`trainer.micro_batch_tokens`; unset, the trainer measures at its first batch (budget.py `TokenBudget`)
+A GPU trainer's micro-batch holds at most the tokens of `rows` packed rows of the batch's width
+(rlfleet/microbatches.py), as many as fit and at most `trainer.micro_batch_tokens` (a cap, never a
+reason to refuse); the trainer measures at its first batch (budget.py `TokenBudget`)
 what one row of the batch's width costs and how much memory it finds free beside vLLM, and
 `size_micro_batch` turns that into rows. Before anything starts, placement (config/placement.py)
 refuses a micro-batch that `least_step_bytes` says cannot fit even with activation checkpointing.
 
-Why the trainer regroups the rows it loads instead of the orchestrator packing to its size: the
+Why the trainer repacks the samples it loads instead of the orchestrator packing to its size: the
 trainer is the one process that can measure its memory, and it does so once vLLM is serving (an
 early-started trainer comes up beside a vLLM still allocating, so free memory at its start-up says
 nothing). The orchestrator's files stay a transport of packed rows; no sizing travels through the
@@ -29,7 +30,7 @@ HEADROOM = 512 << 20
 class Sizing:
     """A micro-batch's rows and the numbers behind them (the trainer logs `line()`)."""
 
-    rows: int  # packed rows per micro-batch: the request, else the most that fit
+    rows: int  # packed rows' worth of tokens per micro-batch: the most that fit, at most the request
     row_tokens: int  # the rows' width (orchestrator.seq_len)
     fit_rows: int  # the most rows that fit `usable_bytes` (0: not even one)
     free_bytes: int  # what the trainer's allocator could still get, its step's state held
@@ -37,6 +38,7 @@ class Sizing:
     usable_bytes: int  # free less later, the margin and the headroom
     row_bytes: int  # peak bytes one row's forward and backward adds (0: not measured)
     fixed_bytes: int = 0  # the part of row_bytes a micro-batch pays once, however many rows
+    asked_rows: int | None = None  # the request (trainer.micro_batch_tokens) in rows; None: unset
 
     @property
     def tokens(self) -> int:
@@ -51,8 +53,9 @@ class Sizing:
         return (self.row_bytes - self.fixed_bytes) / self.row_tokens
 
     def line(self) -> str:
+        cap = "" if self.asked_rows is None else f", at most the {self.asked_rows} asked"
         return (
-            f"{self.rows} rows of {self.row_tokens} tokens = {self.tokens} tokens a micro-batch "
+            f"{self.rows} rows of {self.row_tokens} tokens = {self.tokens} tokens a micro-batch{cap} "
             f"(free {self.free_bytes / GIB:.1f} GiB, {self.later_bytes / GIB:.1f} GiB kept for the "
             f"weight transport, usable {self.usable_bytes / GIB:.1f} GiB; "
             f"{self.token_bytes / (1 << 20):.3f} MiB a token, {self.row_bytes / GIB:.2f} GiB a row of "
@@ -84,13 +87,15 @@ def size_micro_batch(
     parameters, workspaces) a micro-batch pays once: k rows cost fixed + k x (row - fixed). It is
     clamped to half a row, and the LM head's chunk counts per row, both on the safe side.
     later_bytes (the weight transport's GPU buffers, made at the first publish) and a margin come
-    off first. A request (trainer.micro_batch_tokens) is kept as it is; `fits` says whether it does."""
+    off first. A request (trainer.micro_batch_tokens) is a cap: the micro-batch is as many rows as
+    fit, at most that many, and `fits` unless not even one row does."""
     usable = max(0, int((free_bytes - later_bytes) * (1.0 - margin)) - headroom)
     fixed = max(0, min(fixed_bytes, row_bytes // 2))
     per_row = row_bytes - fixed
     fit = max(0, (usable - fixed) // per_row) if per_row > 0 else 0
-    rows = fit if requested_tokens is None else requested_rows(requested_tokens, row_tokens)
-    return Sizing(rows, row_tokens, fit, free_bytes, later_bytes, usable, row_bytes, fixed)
+    asked = None if requested_tokens is None else requested_rows(requested_tokens, row_tokens)
+    rows = fit if asked is None else min(asked, fit)
+    return Sizing(rows, row_tokens, fit, free_bytes, later_bytes, usable, row_bytes, fixed, asked)
 
 
 def row_groups(total_rows: int, max_rows: int, ranks: int = 1) -> list[int]:

@@ -47,16 +47,17 @@ class TrainerConfig(Strict):
     reshard_after_forward: bool = Field(True, description="Free gathered params after forward (ZeRO-3).")
     activation_checkpointing: Literal["none", "full", "selective"] = Field(
         "none",
-        description="Recompute each decoder layer in backward; on a GPU, `none` turns to `full` by itself "
-        "when the micro-batch would not fit without it (the trainer log says so).",
+        description="Recompute each decoder layer in backward; on a GPU, `none` turns to `selective`, then "
+        "`full`, by itself only when not one packed row would fit without it (the trainer log says so).",
     )
     micro_batch_tokens: int | None = Field(
         None,
         ge=1,
-        description="A GPU trainer's micro-batch: whole packed rows (orchestrator.seq_len) totalling at most "
-        "this many tokens, and at least one row; unset = orchestrator.micro_batch_size x "
-        "inference.max_model_len when that is set, else sized at the first batch from the memory the "
-        "trainer finds free beside vLLM. Unpacked (seq_len 0) and CPU trainers ignore it.",
+        description="A GPU trainer's micro-batch cap: its samples repacked into one row of at most this many "
+        "tokens (at least one packed row's worth), fewer where fewer fit without activation checkpointing; "
+        "unset = orchestrator.micro_batch_size x inference.max_model_len when that is set, else sized at "
+        "the first batch from the memory the trainer finds free beside vLLM. Unpacked (seq_len 0) and CPU "
+        "trainers ignore it.",
     )
     optimizer_offload: bool = Field(False, description="FSDP2 CPU offload of params, grads, optim state.")
     lm_head_chunk: int | None = Field(
@@ -83,7 +84,10 @@ class BenchConfig(Strict):
     enabled: bool = Field(False, description="Run the benchmark instead of training (`--bench` sets it).")
     warmup_steps: int = Field(2, ge=0, description="Steps run first and not measured (compile, allocator).")
     steps: int = Field(5, ge=1, description="Measured steps.")
-    seq_len: int = Field(4096, ge=2, description="Tokens per fake sequence.")
-    micro_batch_size: int = Field(1, ge=1, description="Sequences per micro-batch (per rank).")
+    seq_len: int = Field(16384, ge=2, description="Tokens per fake packed row (full: no padding).")
+    sample_len: int = Field(
+        4096, ge=2, description="The longest fake sample; 40% are this long, the rest shorter (a long tail)."
+    )
+    micro_batch_size: int = Field(1, ge=1, description="Packed rows per micro-batch (per rank).")
     micro_batches: int = Field(4, ge=1, description="Micro-batches per optimizer step (per rank).")
     output_json: str | None = Field(None, description="Also write the results to this JSON file.")

@@ -19,7 +19,18 @@ def artifact_key(name: str, kind: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"{name}-{kind}".lower()).strip("-")
 
 
-ROW_METRICS = ("loss", "grad_norm", "lr", "clip_frac", "mismatch_kl", "logprob_diff_max", "train_seconds")
+ROW_METRICS = (
+    "loss",
+    "grad_norm",
+    "lr",
+    "clip_frac",
+    "mismatch_kl",
+    "logprob_diff_max",
+    "train_seconds",
+    "train_tokens_per_s",
+    "mfu",
+    "padding_frac",
+)
 
 
 def metric_row(store: RunStore, rec: StepRecord) -> dict[str, Any]:

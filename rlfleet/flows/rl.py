@@ -33,7 +33,7 @@ from rlfleet.config.placement import Placement
 from rlfleet.flows.artifacts import publish_summary, stall_reporter
 from rlfleet.flows.monitor import LiveArtifacts
 from rlfleet.orchestrator.rollout import load_tokenizer
-from rlfleet.report import WandbSink, step_progress, wandb_metrics, write_report
+from rlfleet.report import WandbSink, step_progress, trainer_speed, wandb_metrics, write_report
 from rlfleet.runs.configs import resolve, write_configs
 from rlfleet.runs.handles import RunHandles, started_early
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
@@ -144,7 +144,7 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
                 sink.log(step, wandb_metrics(record, metrics))
                 log.info(
                     "step %d (%d/%d) reward %.3f loss %.4f grad_norm %.3f staleness %d "
-                    "tokens %d (%.0f/s) (%.1f s: %s)",
+                    "tokens %d (%.0f/s) (%.1f s: %s); trainer %s",
                     step,
                     step + 1,
                     cfg.max_steps,
@@ -156,6 +156,7 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
                     record["num_completion_tokens"] / max(record["step_seconds"], 1e-9),
                     record["step_seconds"],
                     ", ".join(f"{k} {v:.2f}" for k, v in record["phase_seconds"].items()),
+                    trainer_speed(metrics),
                 )
                 if step == start and "micro_batch_tokens" in metrics:  # the GPU trainer's own sizing
                     log.info(

@@ -149,6 +149,9 @@ class TrainerMetrics(TypedDict):
     logprob_diff_max: float
     num_loss_tokens: int
     train_seconds: float  # forward, backward and the optimizer step
+    train_tokens_per_s: float  # real tokens trained (all ranks) / train_seconds
+    padding_frac: float  # of the positions the trainer computed, those that were no token
+    mfu: NotRequired[float]  # a GPU of known peak: trainer/flops.py's model FLOPs / train_seconds / peak
     publish_seconds: float  # handing the weights to the transport
     step_seconds: float  # the whole step in the trainer, from its batch to this record
     policy_steps: list[int]

@@ -1,13 +1,11 @@
 """`rlfleet trainer --bench` / `rlfleet sft --bench`: the real train step (FSDP2, levers, GRPO or
 SFT loss) on fake batches.
 
-No store, no vLLM: random token ids of `bench.seq_len`, warm-up steps (compile, allocator) and
-then measured steps. Reports step time, tokens/s, MFU and peak memory as a rich table and
-optionally JSON (`--bench.output-json`). A model directory with only `config.json` is random-init.
-
-MFU counts the PaLM / torchtitan model FLOPs, 6 x (matmul params, LM head included) + 12 x layers x
-attention width x seq per token (attention counted as non-causal), against the GPU's dense bf16 peak.
-Recomputation (activation checkpointing, the chunked head's backward) is not counted as useful work.
+No store, no vLLM: what the loop trains, made up: packed rows of `bench.seq_len` random tokens
+holding samples of a long-tail job's length mix (up to `bench.sample_len`), warm-up steps (compile,
+allocator) and then measured steps. Reports step time, tokens/s, MFU and peak memory as a rich
+table and optionally JSON (`--bench.output-json`). A model directory with only `config.json` is
+random-init. MFU is the loop's formula (flops.py).
 """
 
 from __future__ import annotations
@@ -22,64 +20,64 @@ from typing import Any
 import torch
 
 from rlfleet.config.models import TrainerJobConfig
+from rlfleet.microbatches import PACK_DTYPES, PACK_PAD, pack_rows
+from rlfleet.trainer.attention import packing
+from rlfleet.trainer.flops import Work, model_flops, peak_flops
 from rlfleet.trainer.losses import PolicyLoss, StepNorm
 from rlfleet.trainer.nll import NLL
 from rlfleet.trainer.train import Objective, train_step
 
-PEAK_BF16 = {
-    "H100 PCIe": 756e12,
-    "H100": 989e12,
-    "H200": 989e12,
-    "H20": 148e12,
-    "A100": 312e12,
-    "B200": 2250e12,
-}
 
-
-def peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, value in PEAK_BF16.items():  # "H100 PCIe" before "H100"
-        if key in name:
-            return value
-    return None
-
-
-def flops_per_token(config: Any, seq_len: int) -> float:
-    h, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
-    heads, kv = config.num_attention_heads, config.num_key_value_heads
-    hd = getattr(config, "head_dim", None) or h // heads
-    per_layer = 2 * h * heads * hd + 2 * h * kv * hd + 3 * h * config.intermediate_size
-    return 6 * (layers * per_layer + vocab * h) + 12 * layers * heads * hd * seq_len
+def sample_lengths(longest: int, total: int, g: torch.Generator) -> list[int]:
+    """Sample lengths filling `total` tokens, mixed as a long-tail RL job's: 40% cut at `longest`
+    (max_tokens), the rest uniform over [longest / 16, longest); the last one takes what is left."""
+    out: list[int] = []
+    while (left := total - sum(out)) > 0:
+        cut = torch.rand((), generator=g).item() < 0.4
+        n = longest if cut else int(torch.randint(max(2, longest // 16), longest, (), generator=g))
+        out.append(min(n, left))
+    return out
 
 
 def fake_micro_batches(
-    cfg: TrainerJobConfig, vocab: int, n: int, loss: str = "grpo"
+    cfg: TrainerJobConfig, vocab: int, n: int, loss: str = "grpo", step: int = 0
 ) -> list[dict[str, torch.Tensor]]:
+    """`n` micro-batches of `micro_batch_size` full packed rows of `seq_len` tokens (the trainer's
+    own micro-batches in the loop hold no padding either), samples mixed by `sample_lengths`. The
+    token ids are the same every step, the samples' bounds new each `step`, as the loop's are (a
+    compiled step that recompiles for new bounds shows it here)."""
     b = cfg.bench
-    g = torch.Generator().manual_seed(cfg.seed)
-    shape = (b.micro_batch_size, b.seq_len)
-    micro = []
-    for _ in range(n):
-        mb = {
-            "input_ids": torch.randint(3, vocab, shape, generator=g),
-            "loss_mask": torch.ones(shape, dtype=torch.long),
-        }
-        if loss == "grpo":
-            mb["old_logprobs"] = torch.full(shape, -math.log(vocab))
-            mb["advantages"] = torch.randn(b.micro_batch_size, generator=g)
-        micro.append(mb)
-    return micro
+    tokens = torch.Generator().manual_seed(cfg.seed)
+    g = torch.Generator().manual_seed(cfg.seed + 1 + step)
+    longest = min(b.sample_len, b.seq_len)
+    seqs, rows = [], []
+    for _ in range(n * b.micro_batch_size):
+        ids, at, row = torch.randint(3, vocab, (b.seq_len,), generator=tokens).tolist(), 0, []
+        for length in sample_lengths(longest, b.seq_len, g):
+            adv = torch.randn((), generator=g).item()
+            row.append(len(seqs))
+            seqs.append(
+                {
+                    "input_ids": ids[at : at + length],
+                    "loss_mask": [0.0] + [1.0] * (length - 1),  # the first token is a prompt's: no target
+                    "old_logprobs": [-math.log(vocab)] * length,
+                    "advantages": [adv] * length,
+                }
+            )
+            at += length
+        rows.append(row)
+    pad = PACK_PAD if loss == "grpo" else {k: PACK_PAD[k] for k in ("input_ids", "loss_mask")}
+    per = b.micro_batch_size
+    return [pack_rows(seqs, rows[i : i + per], b.seq_len, pad, PACK_DTYPES) for i in range(0, len(rows), per)]
 
 
-def _objective(cfg: TrainerJobConfig, loss: str, micro: list, world: int, ref: Any) -> Objective:
+def bench_objective(cfg: TrainerJobConfig, loss: str, micro: list, world: int, ref: Any) -> Objective:
     if loss == "sft":
         return NLL(micro)
-    b = cfg.bench
-    seqs = b.micro_batches * b.micro_batch_size * world
-    tokens = len(micro) * b.micro_batch_size * (b.seq_len - 1)
-    return PolicyLoss(cfg.loss, StepNorm(tokens, seqs, cfg.loss.normalizer or b.seq_len * seqs), 1.0, ref)
+    seqs = sum(int((mb["position_ids"] == 0).sum()) for mb in micro)
+    tokens = sum(int(mb["loss_mask"].sum()) for mb in micro)
+    longest = min(cfg.bench.sample_len, cfg.bench.seq_len)
+    return PolicyLoss(cfg.loss, StepNorm(tokens, seqs, cfg.loss.normalizer or longest * seqs), 1.0, ref)
 
 
 def run_bench(cfg: TrainerJobConfig, loss: str = "grpo") -> dict[str, Any]:
@@ -90,12 +88,12 @@ def run_bench(cfg: TrainerJobConfig, loss: str = "grpo") -> dict[str, Any]:
     b = cfg.bench
     par, policy, optimizer = build(cfg, cfg.model.path, random_init=True)
     lm_config = policy.lm.config
-    micro = fake_micro_batches(cfg, lm_config.vocab_size, b.micro_batches * par.world, loss)
     ref = load_reference(cfg, par, policy) if loss == "grpo" else None
-    objective = _objective(cfg, loss, micro, par.world, ref)
     cuda = par.device.type == "cuda"
-    times, losses = [], []
+    times, losses, flops = [], [], []
     for i in range(b.warmup_steps + b.steps):
+        micro = fake_micro_batches(cfg, lm_config.vocab_size, b.micro_batches * par.world, loss, step=i)
+        objective = bench_objective(cfg, loss, micro, par.world, ref)
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -104,9 +102,13 @@ def run_bench(cfg: TrainerJobConfig, loss: str = "grpo") -> dict[str, Any]:
             torch.cuda.synchronize()
         if i >= b.warmup_steps:
             times.append(time.perf_counter() - t0)
+            work = Work()  # every rank's micro-batches
+            for mb in micro:
+                work.add(mb, packing(mb["position_ids"]))
+            flops.append(model_flops(lm_config, work.tokens, work.square_lengths))
         losses.append(metrics["loss"])
     step_s = statistics.median(times)
-    tokens = len(micro) * b.micro_batch_size * b.seq_len
+    tokens = work.tokens  # the same every step: full rows
     tps = tokens / step_s
     peak = peak_flops(par.device)
     mem = torch.tensor(
@@ -125,12 +127,14 @@ def run_bench(cfg: TrainerJobConfig, loss: str = "grpo") -> dict[str, Any]:
         "device": torch.cuda.get_device_name(par.device) if cuda else "cpu",
         "world": par.world,
         "seq_len": b.seq_len,
+        "sample_len": min(b.sample_len, b.seq_len),
+        "samples_per_step": sum(int((mb["position_ids"] == 0).sum()) for mb in micro),
         "tokens_per_step": tokens,
         "step_seconds": step_s,
         "step_seconds_all": times,
         "tokens_per_second": tps,
         "tokens_per_second_per_gpu": tps / par.world,
-        "mfu": None if peak is None else flops_per_token(lm_config, b.seq_len) * tps / (peak * par.world),
+        "mfu": None if peak is None else statistics.mean(flops) / (step_s * peak * par.world),
         "peak_memory_gib": mem[0].item() / 2**30,
         "peak_reserved_gib": mem[1].item() / 2**30,
         "losses": losses,

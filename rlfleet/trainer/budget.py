@@ -1,7 +1,8 @@
 """A GPU trainer's micro-batches by tokens, sized at its first batch (config/sizing.py says why
-the trainer, not the orchestrator, decides): a probe of the memory a row costs beside vLLM, activation
-checkpointing turned on when a row would not fit without it, a refusal naming the field when it
-would not fit with it."""
+the trainer, not the orchestrator, decides): a probe of the memory a row costs beside vLLM, as many
+rows' worth of tokens as fit without activation checkpointing (at most the cap), checkpointing
+(selective, then full) only when not one row fits without it, a refusal naming the field when one
+row does not fit even with full checkpointing."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from rlfleet.config.dtypes import torch_dtype
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.config.sizing import GIB, Sizing, row_groups, size_micro_batch
 from rlfleet.errors import DeterministicError
-from rlfleet.microbatches import regroup_rows
+from rlfleet.microbatches import flat_rows, regroup_rows
 from rlfleet.trainer.parallel import Parallel, apply_activation_checkpointing
 from rlfleet.trainer.train import Policy, free_memory, init_optimizer_state, probe_row
 
@@ -29,12 +30,11 @@ SHORT_ROW = 1024
 class TokenBudget:
     """A GPU trainer's micro-batches by tokens (config/sizing.py says why the trainer does it).
 
-    At the first batch of packed rows it fixes how many rows a micro-batch holds: as many as
-    trainer.micro_batch_tokens says, else as many as fit the memory a probe finds free; either way
-    the probe turns activation checkpointing on when the rows would not fit without it, and refuses
-    (a DeterministicError: no relaunch) what does not fit with it. Then each step's rows are
-    regrouped into micro-batches of at most that many. A CPU trainer, unpacked sequences and
-    sources that do not ask (SFT) keep the micro-batches they are given."""
+    At the first batch of packed rows it fixes a micro-batch's tokens (`size`). Then, under varlen
+    attention, each step's samples are repacked into one flat row a micro-batch (no padding,
+    microbatches.py `flat_rows`); under eager attention (Gemma-2) whole rows are regrouped. A CPU
+    trainer, unpacked sequences and sources that do not ask (SFT) keep the micro-batches they are
+    given."""
 
     def __init__(
         self, cfg: TrainerJobConfig, par: Parallel, policy: Policy, optimizer: torch.optim.Optimizer
@@ -53,6 +53,8 @@ class TokenBudget:
         if self.sizing is None or self.sizing.row_tokens != width:
             self.sizing = self.size(width)
             torch.cuda.reset_peak_memory_stats(self.par.device)  # the steps' peaks, not the probe's
+        if self.policy.varlen:  # no row width to keep: samples repacked into one row a micro-batch
+            return flat_rows(micro, self.sizing.tokens, self.par.world)
         total = sum(len(m["input_ids"]) for m in micro)
         return regroup_rows(micro, row_groups(total, self.sizing.rows, self.par.world))
 
@@ -70,14 +72,18 @@ class TokenBudget:
         }
 
     def size(self, width: int) -> Sizing:
-        """Probe rows of `width` tokens and decide (the RNG is left as it was, gradients dropped)."""
+        """Probe rows of `width` tokens and decide (the RNG is left as it was, gradients dropped).
+
+        Fastest first: without activation checkpointing as many rows as fit (at most the cap), even
+        if fewer than asked, since recomputing every layer costs ~1/3 more compute; only where not
+        one row fits, selective checkpointing, then full; refused where one row does not fit even
+        then."""
         par, policy, requested = self.par, self.policy, self.cfg.trainer.micro_batch_tokens
         init_optimizer_state(self.optimizer)  # as the first step would; checkpoint buffers may have already
         later = transport_bytes(self.cfg, policy)
         short = min(width, SHORT_ROW)
         with torch.random.fork_rng(devices=[par.device] if par.device.type == "cuda" else []):
             while True:
-                can_checkpoint = self.checkpointing == "none"
                 policy.zero_grad(set_to_none=True)
                 probe_row(policy, par, short, sync=False)  # a step's gradients, held from here on
                 free = free_memory(par.device)
@@ -85,24 +91,22 @@ class TokenBudget:
                 guess = fixed + per_token * width
                 guess, fixed, neg_free = par.max([float(guess), float(fixed), float(-free)])
                 free, fixed = int(-neg_free), int(fixed)
-                if (
-                    can_checkpoint
-                    and not size_micro_batch(free, int(guess), width, later, requested, fixed).fits
-                ):
+                escalate = self.checkpointing != "full"
+                if escalate and not size_micro_batch(free, int(guess), width, later, requested, fixed).fits:
                     self._checkpoint(f"{guess / GIB:.1f} GiB predicted a row of {width} tokens")
                     continue
                 row = self._row(width, free)
                 sizing = size_micro_batch(free, row, width, later, requested, fixed)
-                if sizing.fits or not can_checkpoint:
+                if sizing.fits or not escalate:
                     break
                 self._checkpoint(f"{row / GIB:.1f} GiB measured a row of {width} tokens")
         policy.zero_grad(set_to_none=True)
         if not sizing.fits:
-            raise DeterministicError(too_big(sizing, requested, self.checkpointing))
+            raise DeterministicError(too_big(sizing, self.checkpointing))
         if par.is_main:
             log.info(
                 "micro-batches: %s; activation checkpointing %s; %s",
-                "trainer.micro_batch_tokens" if requested else "sized to the free memory",
+                "trainer.micro_batch_tokens as a cap" if requested else "sized to the free memory",
                 self.checkpointing,
                 sizing.line(),
             )
@@ -132,10 +136,12 @@ class TokenBudget:
         return int(self.par.max([float(row)])[0])
 
     def _checkpoint(self, why: str) -> None:
-        self.checkpointing = "full"
-        apply_activation_checkpointing(self.policy, "full")
+        """The next mode that saves more memory: selective (keeps the matmul and attention outputs),
+        then full."""
+        self.checkpointing = "selective" if self.checkpointing == "none" else "full"
+        apply_activation_checkpointing(self.policy, self.checkpointing)
         if self.par.is_main:
-            log.info("activation checkpointing turned on (full): %s, more than fits", why)
+            log.info("activation checkpointing turned on (%s): %s, more than fits", self.checkpointing, why)
 
 
 def transport_bytes(cfg: TrainerJobConfig, policy: Policy) -> int:
@@ -146,19 +152,11 @@ def transport_bytes(cfg: TrainerJobConfig, policy: Policy) -> int:
     return copies * sum(p.numel() for p in policy.parameters()) * dtype.itemsize
 
 
-def too_big(sizing: Sizing, requested: int | None, checkpointing: str) -> str:
-    """Why the trainer refuses to start training: what was asked, what fits, what to change."""
-    fit = f"{sizing.fit_rows} rows ({sizing.fit_rows * sizing.row_tokens} tokens)"
-    where = f"with activation checkpointing {checkpointing}: {sizing.line()}"
-    if requested:
-        return (
-            f"trainer.micro_batch_tokens (set, or orchestrator.micro_batch_size x inference.max_model_len): "
-            f"{requested} tokens = {sizing.rows} packed rows of {sizing.row_tokens}, and {fit} fit beside "
-            f"vLLM {where}; lower it (or orchestrator.micro_batch_size), or unset both to size micro-batches "
-            "from the free memory"
-        )
+def too_big(sizing: Sizing, checkpointing: str) -> str:
+    """Why the trainer refuses to start training: not one row fits; what to change."""
     return (
         f"orchestrator.seq_len: one packed row of {sizing.row_tokens} tokens does not fit the trainer's free "
-        f"memory {where}; lower inference.max_model_len, give vLLM less of a shared GPU "
-        "(inference.gpu_memory_utilization), train LoRA adapters ([trainer.lora]) or add trainer GPUs"
+        f"memory with activation checkpointing {checkpointing}: {sizing.line()}; lower "
+        "inference.max_model_len, give vLLM less of a shared GPU (inference.gpu_memory_utilization), "
+        "train LoRA adapters ([trainer.lora]) or add trainer GPUs"
     )

@@ -102,9 +102,10 @@ _FWD, _BWD, _BWD_ENTROPY = _chunk_forward, _chunk_backward, _chunk_backward_entr
 
 def compile_lm_head() -> None:
     global _FWD, _BWD, _BWD_ENTROPY
-    _FWD = torch.compile(_chunk_forward, dynamic=False)
-    _BWD = torch.compile(_chunk_backward, dynamic=False)
-    _BWD_ENTROPY = torch.compile(_chunk_backward_entropy, dynamic=False)
+    # automatic dynamic: full chunks share one static graph, the last chunk's changing length one more
+    _FWD = torch.compile(_chunk_forward, dynamic=None)
+    _BWD = torch.compile(_chunk_backward, dynamic=None)
+    _BWD_ENTROPY = torch.compile(_chunk_backward_entropy, dynamic=None)
 
 
 class _ChunkedLogprob(torch.autograd.Function):

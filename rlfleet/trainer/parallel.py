@@ -129,6 +129,7 @@ def _save_matmuls_policy():
         torch.ops.aten._scaled_dot_product_flash_attention.default,
         torch.ops.aten._scaled_dot_product_efficient_attention.default,
         torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+        torch.ops.aten._flash_attention_forward.default,  # varlen attention (trainer/attention.py)
     }
 
     def policy(ctx, op, *args, **kwargs):
@@ -143,7 +144,8 @@ def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
     """Recompute each decoder layer's activations in backward: all of them ("full"), or all but
     the matmul / attention outputs ("selective": most of the memory saving at a fraction of the cost).
 
-    It only replaces each layer's `forward`, so the trainer's sizing (budget.py `TokenBudget`) can turn
+    It only replaces each layer's `forward` (the layer's own, kept, so a later call changes the mode
+    instead of nesting one in the other), so the trainer's sizing (budget.py `TokenBudget`) can turn
     it on after FSDP2 has wrapped the model: FSDP's hooks run around the call either way (a compiled
     layer recompiles once)."""
     if mode == "none":
@@ -154,7 +156,7 @@ def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
     if mode == "selective":
         context_fn = functools.partial(create_selective_checkpoint_contexts, _save_matmuls_policy())
     for layer in decoder_layers(model):
-        inner = layer.forward
+        inner = layer.__dict__.setdefault("_unchecked_forward", layer.forward)
 
         def forward(self, *args, _inner=inner, **kwargs):
             extra = {"context_fn": context_fn} if context_fn is not None else {}
@@ -164,7 +166,7 @@ def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
 
 
 def apply_compile(model: torch.nn.Module) -> None:
-    """Compile each decoder layer (identical shapes, so one graph serves them all) and the LM head."""
+    """Compile each decoder layer (one graph serves them all) and the LM head."""
     import torch._dynamo
 
     from rlfleet.trainer.lm_head import compile_lm_head
@@ -175,7 +177,9 @@ def apply_compile(model: torch.nn.Module) -> None:
     if hasattr(torch._dynamo.config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
         torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     for layer in decoder_layers(model):
-        layer.compile(dynamic=False)
+        # dynamic: a GPU trainer's micro-batch is one flat row whose length and samples change every
+        # time (budget.py); one graph serves them all, compiled in the warm-up while vLLM starts
+        layer.compile(dynamic=True)
     compile_lm_head()
 
 

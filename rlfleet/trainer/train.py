@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -13,10 +14,15 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from rlfleet.config.dtypes import torch_dtype
 from rlfleet.config.models import TrainerConfig
+from rlfleet.trainer.attention import VARLEN, Packing, packing
+from rlfleet.trainer.attention import kwargs as attention_kwargs
+from rlfleet.trainer.flops import Work
 from rlfleet.trainer.lm_head import chunked_logprobs, logprobs_and_entropy, token_logprobs
 from rlfleet.trainer.lora import base_model
 from rlfleet.trainer.parallel import Parallel, set_gradient_sync
 from rlfleet.trainer.router import RouterLoad
+
+log = logging.getLogger("rlfleet.trainer")
 
 
 def pick_device(choice: str) -> torch.device:
@@ -50,32 +56,55 @@ class Policy(torch.nn.Module):
     ):
         super().__init__()
         hf = base_model(lm)
-        if getattr(hf.config, "attn_logit_softcapping", None) and hf.config._attn_implementation != "eager":
-            # Gemma-2: transformers' default sdpa drops the attention soft-capping vLLM applies
-            # (0.5 nats apart once scores near the cap); eager computes it (and costs T^2 memory)
-            hf.set_attn_implementation("eager")
+        if getattr(hf.config, "attn_logit_softcapping", None):
+            # Gemma-2: sdpa and varlen attention drop the attention soft-capping vLLM applies (0.5
+            # nats apart once scores near the cap); eager computes it (and costs T^2 memory)
+            if hf.config._attn_implementation != "eager":
+                log.info(
+                    "%s: attention soft-capping has no varlen kernel: eager attention", type(hf).__name__
+                )
+                hf.set_attn_implementation("eager")
+        else:  # packed rows: each sample attends to itself, no dense mask (trainer/attention.py)
+            hf.set_attn_implementation(VARLEN)
         self.lm = lm
         self.lm_head_chunk = lm_head_chunk
         self.want_entropy = entropy  # full logits: also the entropy (an entropy bonus needs it)
         # MoE: tokens per expert of each step (router/* metrics); None for a dense model (or routing=False)
         self.routing = RouterLoad.install(hf) if routing else None
 
+    @property
+    def varlen(self) -> bool:
+        """Whether packed rows run varlen attention (one flat row a micro-batch is then as cheap as
+        rows of a fixed width); not under eager (Gemma-2)."""
+        return base_model(self.lm).config._attn_implementation == VARLEN
+
     def forward(
-        self, input_ids: torch.Tensor, temperature: float = 1.0, position_ids: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        temperature: float = 1.0,
+        position_ids: torch.Tensor | None = None,
+        packed: Packing | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logprob, entropy or None) of each next token: [B, T-1] float32. The chunked head gives
         the entropy at no cost; full logits only when `want_entropy` (a [B, T, V] softmax more).
+        `packed`: the samples of packed rows, from their host-side position ids (`packing`); left
+        out, they are read off `position_ids` here (on a GPU that waits for the device).
 
         use_cache=False: a KV cache in training only costs memory, and breaks activation
         checkpointing (the recompute would append to it again)."""
         targets = input_ids[:, 1:]
         lm = base_model(self.lm)  # under LoRA its layers run the adapters
+        kw: dict[str, Any] = {"position_ids": position_ids, "use_cache": False}
+        if self.varlen:
+            if packed is None and position_ids is not None:
+                packed = packing(position_ids.detach().cpu())
+            kw |= attention_kwargs(packed, input_ids.device)
         if self.lm_head_chunk == 0:
-            logits = lm(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[:, :-1]
+            logits = lm(input_ids=input_ids, **kw).logits[:, :-1]
             if self.want_entropy:
                 return logprobs_and_entropy(logits, targets, temperature)
             return token_logprobs(logits, targets, temperature), None
-        hidden = lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        hidden = lm.model(input_ids=input_ids, **kw)
         hidden = hidden.last_hidden_state[:, :-1]
         softcap = getattr(lm.config, "final_logit_softcapping", None) or 0.0  # Gemma-2's
         return chunked_logprobs(hidden, lm.lm_head.weight, targets, self.lm_head_chunk, temperature, softcap)
@@ -140,6 +169,7 @@ def accumulate(
     loss_fn: LossFn,
     temperature: float = 1.0,
     par: Parallel | None = None,
+    work: Work | None = None,
 ) -> dict[str, float]:
     """Forward and backward over this rank's micro-batches; the stats summed over all ranks.
 
@@ -147,20 +177,25 @@ def accumulate(
     loss-token count) and tensor statistics. Statistics stay on the device until the end, so the
     host queues micro-batch k+1 while the GPU still runs k: one sync per step, not per micro-batch.
     With several ranks FSDP averages gradients, so the loss is scaled by the world size to keep
-    the step's gradient the sum over all loss tokens / num_loss_tokens.
+    the step's gradient the sum over all loss tokens / num_loss_tokens. `work`, when given, counts
+    what this rank computed (flops.py), summed over the ranks at the end.
     """
     device = next(policy.parameters()).device if par is None else par.device
     world = 1 if par is None or not par.enabled else par.world
     mine = shard_micro_batches(micro_batches, par)
+    mine_work = Work()
     totals: dict[str, torch.Tensor] = {}
     routing: RouterLoad | None = getattr(policy, "routing", None)
     for i, mb in enumerate(mine):
+        # Packed rows carry position_ids that restart per sample (rlfleet/microbatches.py); their
+        # samples are read here, on the host, so that no attention layer waits on the GPU for them.
+        packed = packing(mb["position_ids"]) if "position_ids" in mb else None
+        mine_work.add(mb, packed)
         mb = {k: v.to(device, non_blocking=True) for k, v in mb.items()}
         set_gradient_sync(policy, i == len(mine) - 1)
         # Padding sits only at the right end, so causal attention never looks at it: no mask needed.
-        # Packed rows carry position_ids that restart per sample (rlfleet/microbatches.py).
         with routing.counting(mb) if routing is not None else contextlib.nullcontext():
-            logprobs, entropy = policy(mb["input_ids"], temperature, mb.get("position_ids"))
+            logprobs, entropy = policy(mb["input_ids"], temperature, mb.get("position_ids"), packed)
         loss, stats = loss_fn(mb, logprobs, entropy)
         (loss * world if world > 1 else loss).backward()
         for k, v in {"loss": loss.detach(), **stats}.items():
@@ -171,9 +206,13 @@ def accumulate(
                 totals[k] = torch.maximum(totals[k], v) if k.endswith("_max") else totals[k] + v
     keys = sorted(totals)
     values = torch.stack([totals[k] for k in keys]).tolist() if keys else []
+    counts = [float(mine_work.computed), float(mine_work.tokens), float(mine_work.square_lengths)]
     if par is not None:
-        summed, maxed = par.sum(values), par.max(values)
-        values = [m if k.endswith("_max") else s for k, s, m in zip(keys, summed, maxed, strict=True)]
+        summed, maxed = par.sum(values + counts), par.max(values)
+        values = [m if k.endswith("_max") else s for k, s, m in zip(keys, summed, maxed, strict=False)]
+        counts = summed[len(keys) :]
+    if work is not None:
+        work.computed, work.tokens, work.square_lengths = (int(c) for c in counts)
     return dict(zip(keys, values, strict=True))
 
 
@@ -198,13 +237,13 @@ def probe_row(policy: Policy, par: Parallel, tokens: int, sync: bool) -> int:
     RNG and drops the gradients."""
     device = par.device
     ids = torch.ones(1, tokens, dtype=torch.long, device=device)
-    half = tokens // 2  # two samples: a packed row's block-diagonal attention, not a plain causal one
-    pos = torch.cat([torch.arange(half), torch.arange(tokens - half)]).unsqueeze(0).to(device)
+    half = tokens // 2  # two samples: a packed row's attention, not a plain causal one
+    pos = torch.cat([torch.arange(half), torch.arange(tokens - half)]).unsqueeze(0)
     set_gradient_sync(policy, sync)
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    logprobs, _ = policy(ids, 1.0, pos)
+    logprobs, _ = policy(ids, 1.0, pos.to(device), packing(pos))
     (logprobs.float().sum() * 0.0).backward()
     torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device) - base
@@ -252,9 +291,14 @@ def train_step(
     routing: RouterLoad | None = getattr(policy, "routing", None)
     if routing is not None:
         routing.reset()  # the warm-up's (or the last step's) counts
-    totals = accumulate(policy, micro_batches, objective, objective.temperature, par)
+    work = Work()
+    totals = accumulate(policy, micro_batches, objective, objective.temperature, par, work)
     grad_norm = optimizer_step(policy, optimizer, max_grad_norm)
     metrics = {"loss": totals["loss"], "grad_norm": grad_norm, "lr": float(lr), **objective.metrics(totals)}
     if routing is not None:  # MoE: the router's load balance over the step (trainer/router.py)
         metrics |= routing.metrics(par)
-    return metrics | {"train_seconds": time.perf_counter() - start}
+    seconds = time.perf_counter() - start  # grad_norm's .item() waited for the step's last kernel
+    world = 1 if par is None or not par.enabled else par.world
+    device = next(policy.parameters()).device if par is None else par.device
+    config = base_model(policy.lm).config
+    return metrics | {"train_seconds": seconds} | work.metrics(seconds, config, device, world)

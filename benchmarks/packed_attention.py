@@ -1,0 +1,116 @@
+"""Packed rows through the trainer's real step, before and after varlen attention, in one run.
+
+For each shape (Qwen2.5 0.5B / 1.5B, random init), `rlfleet trainer --bench`'s step (FSDP on one
+rank, GRPO loss, AdamW) on packed rows of a long-tail job's length mix, once per attention:
+- `sdpa`: transformers' default, what the trainer ran before: restarting position ids build a dense
+  block-diagonal mask, and sdpa with a mask has no flash kernel;
+- `varlen`: the trainer's own (rlfleet/trainer/attention.py), torch's flash varlen kernel.
+Each in its own process (peak memory, allocator). Also, once per shape in bf16 on the GPU: each
+sample's logprobs packed against the same sample alone (max abs difference).
+
+    python benchmarks/packed_attention.py --shapes 0.5b,1.5b --out benchmarks/results/packed_attention_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ATTENTIONS = ("sdpa", "varlen")
+
+
+def one(model_dir: str, attention: str, seq: int, micro_batches: int, out: str) -> None:
+    """In a child: the bench with `attention`."""
+    from rlfleet.cli import main
+    from rlfleet.trainer import train
+
+    if attention == "sdpa":  # the trainer as it was: transformers' default attention on packed rows
+        train.VARLEN = "sdpa"
+    argv = ["trainer", "--bench", "--model.path", model_dir, "--output-dir", str(Path(out).parent / "run")]
+    argv += ["--bench.seq-len", str(seq), "--bench.micro-batches", str(micro_batches)]
+    argv += ["--bench.output-json", out, "--bench.steps", "4"]
+    if main(argv) != 0:
+        raise SystemExit(1)
+
+
+def agreement(model_dir: str) -> float:
+    """Max |packed - alone| logprob over the loss tokens of 8 samples, bf16 on the GPU."""
+    import torch
+
+    from rlfleet.config.models import TrainerJobConfig
+    from rlfleet.microbatches import PACK_DTYPES, PACK_PAD, pack_rows
+    from rlfleet.trainer.loop import build
+
+    cfg = TrainerJobConfig(model={"path": model_dir, "dtype": "bfloat16"}, output_dir="/tmp/agree")
+    _, policy, _ = build(cfg, model_dir, random_init=True)
+    g = torch.Generator().manual_seed(0)
+    lengths = [3000, 1200, 700, 2500, 64, 400, 33, 290]
+    seqs = [
+        {"input_ids": torch.randint(3, 150000, (n,), generator=g).tolist(), "loss_mask": [1.0] * n}
+        | {"old_logprobs": [0.0] * n, "advantages": [0.0] * n}
+        for n in lengths
+    ]
+    row = pack_rows(seqs, [list(range(len(seqs)))], 8192, PACK_PAD, PACK_DTYPES)
+    worst = 0.0
+    with torch.no_grad():
+        packed, _ = policy(row["input_ids"].cuda(), 1.0, row["position_ids"].cuda())
+        at = 0
+        for n, s in zip(lengths, seqs, strict=True):
+            alone, _ = policy(torch.tensor([s["input_ids"]]).cuda())
+            worst = max(worst, (packed[0, at : at + n - 1] - alone[0]).abs().max().item())
+            at += n
+    return worst
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default="0.5b,1.5b")
+    p.add_argument("--seq", type=int, default=16384, help="tokens a packed row (one row a micro-batch)")
+    p.add_argument("--micro-batches", type=int, default=4)
+    p.add_argument("--out", required=True)
+    p.add_argument("--one", nargs=3, metavar=("MODEL", "ATTENTION", "OUT"), help=argparse.SUPPRESS)
+    p.add_argument("--agree", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.one:
+        return one(a.one[0], a.one[1], a.seq, a.micro_batches, a.one[2])
+    if a.agree:
+        print(json.dumps({"max_abs_diff": agreement(a.agree)}))
+        return None
+    sys.path.insert(0, str(Path(__file__).parent))
+    from trainer_mfu import write_config
+
+    rows = []
+    for shape in a.shapes.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            model = str(write_config(Path(tmp) / shape, shape))
+            row = {"shape": shape, "seq": a.seq}
+            for attention in ATTENTIONS:
+                out = Path(tmp) / f"{attention}.json"
+                cmd = [sys.executable, __file__, "--out", a.out, "--seq", str(a.seq)]
+                cmd += ["--micro-batches", str(a.micro_batches), "--one", model, attention, str(out)]
+                subprocess.run(cmd, check=True)
+                row[attention] = json.loads(out.read_text())
+            got = subprocess.run([sys.executable, __file__, "--out", a.out, "--agree", model],
+                                 check=True, capture_output=True, text=True)  # fmt: skip
+            row["packed_vs_alone_max_abs_logprob"] = json.loads(got.stdout.strip().splitlines()[-1])[
+                "max_abs_diff"
+            ]
+            row["speedup"] = row["varlen"]["tokens_per_second"] / row["sdpa"]["tokens_per_second"]
+            rows.append(row)
+            print(
+                f"{shape}: sdpa {row['sdpa']['tokens_per_second']:,.0f} tok/s {100 * row['sdpa']['mfu']:.1f}% "
+                f"| varlen {row['varlen']['tokens_per_second']:,.0f} tok/s {100 * row['varlen']['mfu']:.1f}% "
+                f"| {row['speedup']:.2f}x | packed vs alone {row['packed_vs_alone_max_abs_logprob']:.3g}",
+                flush=True,
+            )
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"rows": rows}, indent=2))
+    return None
+
+
+if __name__ == "__main__":
+    main()

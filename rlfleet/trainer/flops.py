@@ -1,0 +1,99 @@
+"""What a train step computed and the MFU it makes: one formula for the loop's step metrics and the
+bench (`rlfleet trainer --bench`), stated in docs/benchmarks/trainer.md.
+
+Model FLOPs (PaLM / torchtitan), counted on real tokens only (a packed row's padding is waste, not
+work): 6 x the matmul parameters (every decoder layer's projections and the LM head; the embedding
+lookup is not a matmul) per token, plus causal attention over each sample's own length,
+6 x layers x heads x head_dim x n^2 for a sample of n tokens (QK^T and AV, forward and backward,
+half of the square). Recomputation (activation checkpointing, the chunked head's backward) is not
+useful work. MFU divides by the step's seconds, the GPUs and each GPU's dense bf16 peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlfleet.trainer.attention import Packing
+
+PEAK_BF16 = {
+    "H100 PCIe": 756e12,
+    "H100": 989e12,
+    "H200": 989e12,
+    "H20": 148e12,
+    "A100": 312e12,
+    "B200": 2250e12,
+}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The GPU's dense bf16 peak, None on a CPU or a GPU not listed."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, value in PEAK_BF16.items():  # "H100 PCIe" before "H100"
+        if key in name:
+            return value
+    return None
+
+
+def _dims(config: Any) -> tuple[int, int, int, int, int]:
+    h, heads = config.hidden_size, config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    hd = getattr(config, "head_dim", None) or h // heads
+    return h, heads, kv, hd, config.num_hidden_layers
+
+
+def matmul_params(config: Any) -> int:
+    """The parameters a token multiplies through: q/k/v/o and the gated MLP of each layer (an MoE's
+    active experts' width is `intermediate_size` x experts per token), and the LM head."""
+    h, heads, kv, hd, layers = _dims(config)
+    ffn = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    active = getattr(config, "num_experts_per_tok", None) or 1
+    per_layer = 2 * h * heads * hd + 2 * h * kv * hd + 3 * h * ffn * active
+    return layers * per_layer + config.vocab_size * h
+
+
+def model_flops(config: Any, tokens: int, square_lengths: int) -> float:
+    """Useful FLOPs of a forward and backward over `tokens` real tokens whose samples' squared
+    lengths sum to `square_lengths`."""
+    _, heads, _, hd, layers = _dims(config)
+    return 6.0 * matmul_params(config) * tokens + 6.0 * layers * heads * hd * square_lengths
+
+
+@dataclass
+class Work:
+    """A step's micro-batches as the GPU computes them: positions run, real tokens among them,
+    and the real samples' squared lengths (the attention term)."""
+
+    computed: int = 0
+    tokens: int = 0
+    square_lengths: int = 0
+
+    def add(self, mb: dict[str, torch.Tensor], packed: Packing | None) -> None:
+        ids = mb["input_ids"]
+        real = mb["real_tokens"].tolist() if "real_tokens" in mb else [ids.shape[1]] * ids.shape[0]
+        self.computed += ids.numel()
+        self.tokens += sum(real)
+        if packed is None:  # one sample a row
+            self.square_lengths += sum(n * n for n in real)
+            return
+        width, at = ids.shape[1], 0
+        for n in packed.lengths:  # a segment that starts past its row's real tokens is padding
+            if at % width < real[at // width]:
+                self.square_lengths += n * n
+            at += n
+
+    def metrics(self, seconds: float, config: Any, device: torch.device, world: int) -> dict[str, float]:
+        """train_tokens_per_s, padding_frac and (on a GPU with a known peak) mfu, over all ranks."""
+        out = {
+            "train_tokens_per_s": self.tokens / max(seconds, 1e-9),
+            "padding_frac": 1.0 - self.tokens / max(self.computed, 1),
+        }
+        peak = peak_flops(device)
+        if peak is not None:
+            flops = model_flops(config, self.tokens, self.square_lengths)
+            out["mfu"] = flops / (max(seconds, 1e-9) * peak * world)
+        return out
