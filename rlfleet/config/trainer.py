@@ -65,7 +65,11 @@ class TrainerConfig(Strict):
         ge=0,
         description="Tokens per LM-head chunk for logprobs; 0 = full logits; unset = 8192 on a GPU, 0 on a CPU.",
     )
-    compile: bool = Field(False, description="torch.compile each decoder layer and the chunked LM head.")
+    compile: bool | None = Field(
+        None,
+        description="torch.compile each decoder layer (dynamic shapes: one graph for every micro-batch) and "
+        "the chunked LM head; unset = on a GPU (compiled in the warm-up, while vLLM starts), off on a CPU.",
+    )
     lora: LoraConfig | None = Field(
         None, description="[trainer.lora]: train LoRA adapters on a frozen base; unset = full fine-tuning."
     )

@@ -210,7 +210,7 @@ def apply_fsdp(model: torch.nn.Module, par: Parallel, tc: TrainerConfig) -> None
 
 def parallelize(model: torch.nn.Module, par: Parallel, tc: TrainerConfig) -> torch.nn.Module:
     apply_activation_checkpointing(model, tc.activation_checkpointing)
-    if tc.compile:
+    if tc.compile or (tc.compile is None and par.device.type == "cuda"):
         apply_compile(model)
     if par.enabled:
         apply_fsdp(model, par, tc)

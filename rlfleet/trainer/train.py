@@ -217,14 +217,16 @@ def accumulate(
 
 
 def warm_up(policy: Policy, par: Parallel | None, tokens: int = 64) -> float:
-    """One forward and backward on a dummy row, its gradients dropped and the RNG restored
-    (parameters and optimizer are untouched): the device's kernels and libraries load and FSDP
-    initialises here, while vLLM starts, instead of inside step 0."""
+    """One forward and backward on a dummy packed row, its gradients dropped and the RNG restored
+    (parameters and optimizer are untouched): the device's kernels and libraries load, FSDP
+    initialises and compiled layers compile here, while vLLM starts, instead of inside step 0."""
     start = time.perf_counter()
     device = next(policy.parameters()).device if par is None else par.device
     ids = torch.ones(1, tokens, dtype=torch.long)
+    # two samples in one row, as a GPU trainer's micro-batches are: a compiled layer's graph for them
+    pos = torch.cat([torch.arange(tokens // 2), torch.arange(tokens - tokens // 2)]).unsqueeze(0)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        batch = [{"input_ids": ids, "loss_mask": torch.zeros_like(ids)}]
+        batch = [{"input_ids": ids, "loss_mask": torch.zeros_like(ids), "position_ids": pos}]
         accumulate(policy, batch, lambda mb, lp, ent: (lp.float().sum() * 0.0, {}), 1.0, par)
     policy.zero_grad(set_to_none=True)
     return time.perf_counter() - start
