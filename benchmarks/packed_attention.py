@@ -9,6 +9,9 @@ Each in its own process (peak memory, allocator). Also, once per shape in bf16 o
 sample's logprobs packed against the same sample alone (max abs difference).
 
     python benchmarks/packed_attention.py --shapes 0.5b,1.5b --out benchmarks/results/packed_attention_h200.json
+    python benchmarks/packed_attention.py --plot benchmarks/results/trainer_packed_h200.json
+
+`--plot JSON` draws JSON's rows (tokens/s, MFU on each bar) as the PNG beside it.
 """
 
 from __future__ import annotations
@@ -66,6 +69,42 @@ def agreement(model_dir: str) -> float:
     return worst
 
 
+def plot(path: Path) -> None:
+    """Bars of tokens/s per shape and attention (MFU written on each), from `rows` of `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    doc = json.loads(path.read_text())
+    rows = doc["rows"]
+    shapes = sorted({r["shape"] for r in rows})
+    kinds = []
+    for r in rows:
+        kind = f"{r['attention']}{' compiled' if r['compile'] else ''}, bounds {r['bounds']}"
+        if kind not in kinds:
+            kinds.append(kind)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
+    for ax, shape in zip(axes[0], shapes, strict=True):
+        for i, kind in enumerate(kinds):
+            for r in rows:
+                if (
+                    r["shape"] == shape
+                    and kind.startswith(f"{r['attention']}{' compiled' if r['compile'] else ''},")
+                    and kind.endswith(r["bounds"])
+                ):
+                    ax.bar(i, r["tokens_per_second"] / 1e3, color=f"C{i}", label=kind)
+                    ax.text(
+                        i, r["tokens_per_second"] / 1e3, f"{100 * r['mfu']:.0f}%", ha="center", va="bottom"
+                    )
+        ax.set_title(f"{shape} shape, packed rows ({doc['device']})")
+        ax.set_ylabel("trained tokens/s (k); MFU on the bar")
+        ax.set_xticks([])
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=110)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="0.5b,1.5b")
@@ -74,7 +113,10 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--one", nargs=3, metavar=("MODEL", "ATTENTION", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--agree", help=argparse.SUPPRESS)
-    a = p.parse_args()
+    p.add_argument("--plot", help="draw this results JSON as a PNG beside it, and stop")
+    a = p.parse_args([*sys.argv[1:], "--out", "-"] if "--plot" in sys.argv else None)
+    if a.plot:
+        return plot(Path(a.plot))
     if a.one:
         return one(a.one[0], a.one[1], a.seq, a.micro_batches, a.one[2])
     if a.agree:

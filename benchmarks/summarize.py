@@ -207,6 +207,50 @@ def trainer_mfu() -> list[Row]:
     ]
 
 
+def trainer_packed() -> list[Row]:
+    """The trainer's step on packed rows of a long-tail mix: varlen attention, compiled, against the
+    trainer as it was (transformers' sdpa with a dense block-diagonal mask), one run on one host;
+    and the train phase inside the loop (its step metrics)."""
+    doc = load("trainer_packed_h200.json")
+    rows = []
+    for shape in ("0.5b", "1.5b"):
+        by = {(r["attention"], r["compile"]): r for r in doc["rows"] if r["shape"] == shape}
+        now, before = by[("varlen", True)], by[("sdpa", False)]
+        rows.append(
+            Row(
+                f"Trainer step on packed rows ({shape[:-1]}B shape, samples up to 4,096 tokens), trained tokens/s",
+                f"{now['tokens_per_second']:,.0f} ({now['mfu']:.1%} MFU)",
+                f"the trainer before (sdpa, dense mask): {before['tokens_per_second']:,.0f} ({before['mfu']:.1%})",
+                ratio(now["tokens_per_second"] / before["tokens_per_second"]),
+                doc["date"],
+                "1x " + doc["device"].removeprefix("NVIDIA "),
+                "python benchmarks/packed_attention.py --shapes 0.5b,1.5b --out ...; "
+                "rlfleet trainer --bench --model.path DIR --bench.output-json ...",
+                "benchmarks/trainer.md#packed-rows-through-varlen-attention-2026-11-27",
+            )
+        )
+    loop = load("trainer_in_loop_h100_05b.json")
+    steady = [s for s in loop["steps"] if s["step"] > 0]
+    tps = sorted(s["train_tokens_per_s"] for s in steady)
+    mfu = sorted(s["mfu"] for s in steady)
+    rows.append(
+        Row(
+            "Trainer inside the long-tail loop (0.5B shape, one shared GPU, k = 1), steps 1-5: "
+            "trained tokens/s in the train phase",
+            f"{tps[0]:,.0f}-{tps[-1]:,.0f} ({mfu[0]:.0%}-{mfu[-1]:.0%} MFU, padding "
+            f"{max(s['padding_frac'] for s in steady):.0%})",
+            "-",
+            "-",
+            loop["date"],
+            "1x H100",
+            "python benchmarks/long_tail.py --device cuda --shape 05b --steps 6 --only rlfleet --no-peak "
+            "--eos-rate 0.002 --variants ... --out ...",
+            "benchmarks/trainer.md#inside-the-loop-2026-11-27-one-h100-shared-by-vllm-and-the-trainer",
+        )
+    )
+    return rows
+
+
 def cpu_tiny_vs_trl() -> list[Row]:
     """The tiny CPU job (make run's) against TRL GRPOTrainer (HF generate), both in one run of the
     script: the newest `vs_trl_cpu_2core*.json`."""
@@ -233,6 +277,7 @@ HEADLINES: list[Callable[[], list[Row]]] = [
     smollm2_cpu,
     distill_cpu,
     trainer_mfu,
+    trainer_packed,
     cpu_tiny_vs_trl,
 ]
 
