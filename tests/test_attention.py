@@ -44,9 +44,14 @@ def test_packed_attention_equals_a_block_diagonal_mask_with_grouped_kv_heads(win
     # a caller that does not say reads the bounds off its position ids; a plain ramp is one sample
     read, _ = varlen_attention(module, q, k, v, None, sliding_window=window, position_ids=pos)
     torch.testing.assert_close(read, got)
-    ramp, _ = varlen_attention(module, q, k, v, None, position_ids=torch.arange(16)[None])
-    torch.testing.assert_close(ramp, _dense(q, k, v, [0, 16]), rtol=1e-5, atol=1e-5)
+    ramp, _ = varlen_attention(
+        module, q, k, v, None, sliding_window=window, position_ids=torch.arange(16)[None]
+    )
+    torch.testing.assert_close(ramp, _dense(q, k, v, [0, 16], window), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(ramp, got, atol=1e-3)
+    # unpacked rows say so (Policy passes None): causal sdpa, or the sliding window where there is one
+    alone, _ = varlen_attention(module, q, k, v, None, sliding_window=window, **kwargs(None, q.device))
+    torch.testing.assert_close(alone, ramp)
 
 
 def test_work_counts_real_tokens_and_each_real_samples_square():

@@ -64,3 +64,46 @@ def test_a_rerun_reaps_what_a_killed_controller_left_before_it_checks_the_ports(
     finally:
         orphan.kill()
         orphan.wait()
+
+
+CONTROLLER = """
+import sys, time
+from prefect.server.api.server import SubprocessASGIServer
+from rlfleet.flows.server import hold_temporary_server
+from rlfleet.store import RunStore
+
+server = SubprocessASGIServer()
+server.start(timeout=180)
+hold_temporary_server(RunStore(sys.argv[1]))
+print(server.server_process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_controllers_temporary_prefect_server_is_reaped_by_the_rerun(tmp_path):
+    """A controller without PREFECT_API_URL starts Prefect's temporary server, a subprocess that
+    outlives a SIGKILL of the controller (parent 1, its port held). The controller names it in the
+    run's pidfiles, so the rerun's reap kills it with the rest."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    child = subprocess.Popen(
+        [sys.executable, "-c", CONTROLLER, str(tmp_path / "run")], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        server_pid = int(child.stdout.readline())  # blocks until the server is up and adopted
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    server = psutil.Process(server_pid)
+    assert server.is_running() and server.status() != psutil.STATUS_ZOMBIE  # the orphan
+    assert (tmp_path / "run" / "run" / "prefect_server.pid").exists()
+    reap_earlier_life(str(tmp_path / "run"))
+    server.wait(timeout=30)  # raises if it still runs
+    assert not server.is_running()
+    assert not (tmp_path / "run" / "run" / "prefect_server.pid").exists()

@@ -32,6 +32,7 @@ from rlfleet.config.models import RLConfig
 from rlfleet.config.placement import Placement
 from rlfleet.flows.artifacts import publish_summary, stall_reporter
 from rlfleet.flows.monitor import LiveArtifacts
+from rlfleet.flows.server import hold_temporary_server
 from rlfleet.orchestrator.rollout import load_tokenizer
 from rlfleet.report import WandbSink, step_progress, trainer_speed, wandb_metrics, write_report
 from rlfleet.runs.configs import resolve, write_configs
@@ -89,6 +90,7 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
     paths = write_configs(cfg, placement)
     store = run_store(cfg.output_dir)
     acquire_run_lock(store)
+    hold_temporary_server(store)  # a SIGKILLed controller's rerun reaps it
     forget_served(store)  # an earlier controller's replicas died with it
     start = resume_step(store)
     if start:

@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from rlfleet.config.loader import to_toml
 from rlfleet.config.models import SFTConfig
 from rlfleet.flows.artifacts import artifact_key
+from rlfleet.flows.server import hold_temporary_server
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
 from rlfleet.store import layout, run_store
 from rlfleet.tasks.rl import retry_options
@@ -34,6 +35,7 @@ def sft(config: SFTConfig) -> dict[str, Any]:
     opts = retry_options(cfg, cfg.tasks.step_timeout_s * cfg.max_steps)
     opts = {k: v for k, v in opts.items() if k in RETRY_OPTIONS}
     acquire_run_lock(store)  # before any write: a second controller must not touch a live run
+    hold_temporary_server(store)  # a SIGKILLed controller's rerun reaps it
     try:
         store.write_text(layout.config("sft"), to_toml(cfg))
         summary = sft_train.with_options(**opts)(cfg)

@@ -21,6 +21,13 @@ def acquire_run_lock(store: RunStore) -> None:
     write_pidfile(lock, os.getpid())
 
 
+def adopt(store: RunStore, name: str, pid: int) -> None:
+    """Name a process this controller started by other means than the run's launchers (Prefect's
+    temporary server) in the run's pidfiles: a rerun after the controller is killed reaps it with
+    the rest (`reap_earlier_life`)."""
+    write_pidfile(RunDir(store.local_dir).pidfile(name), pid)
+
+
 def release_run_lock(store: RunStore) -> None:
     RunDir(store.local_dir).pidfile("controller").unlink(missing_ok=True)
 

@@ -8,8 +8,10 @@ implementation registered with transformers that takes the samples' cumulative l
 - on a GPU in bf16/fp16: torch's own FlashAttention-2 varlen kernel (`aten._flash_attention_forward`
   and its backward; grouped KV heads without repeating them), as AReaL's Archon engine does;
 - elsewhere (a CPU, float32): sdpa once per sample, causal, no mask.
-Unpacked rows (no position ids) run transformers' sdpa, causal, as before. Models whose attention
-has no varlen form (Gemma-2's logit soft-capping) keep eager (`Policy` says so in the log).
+Unpacked rows (no position ids) run transformers' sdpa, causal, as before, except under a sliding
+window (Gemma-3's local layers), which the varlen path applies: transformers builds no mask for an
+implementation of its own. Models whose attention has no varlen form (Gemma-2's logit soft-capping)
+keep eager (`Policy` says so in the log).
 """
 
 from __future__ import annotations
@@ -113,11 +115,16 @@ def varlen_attention(
         found = _read(kwargs.get("position_ids"), query.shape[0])
         rlfleet_cu_seqlens = None if found is None else found.cu_seqlens.to(query.device)
         rlfleet_max_seqlen = 0 if found is None else found.max_seqlen
+    b, h, t, d = query.shape
+    if rlfleet_cu_seqlens is None and sliding_window and t > sliding_window:
+        # rows of one sample each, but a sliding window that plain causal sdpa would not apply
+        # (no mask is built for this implementation): each row a sample of the varlen path
+        rlfleet_cu_seqlens = torch.arange(0, b * t + 1, t, dtype=torch.int32, device=query.device)
+        rlfleet_max_seqlen = t
     if rlfleet_cu_seqlens is None or attention_mask is not None or dropout:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    b, h, t, d = query.shape
     q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (query, key, value))
     run = _flash if flash_varlen_runs(q) else _per_sample
     out = run(q, k, v, rlfleet_cu_seqlens, rlfleet_max_seqlen, scaling, sliding_window)
