@@ -16,9 +16,10 @@ token budget, one flat row each (`flat_rows`; `regroup_rows` under eager attenti
 the files are a transport of samples, and seq_len only the width of their rows. `real_tokens` is what no other field says exactly (pad_id can be
 a real token, e.g. EOS): the MoE router's load counts only those (trainer/router.py).
 
-Packing: position ids restart at 0 at every sequence start. transformers reads restarts as
-sequence boundaries: sdpa/eager get a block-diagonal causal mask, flash-attention runs varlen, so
-no token attends across samples and each sample sees the positions it would see alone. A row's
+Packing: position ids restart at 0 at every sequence start. The trainer's attention reads restarts
+as sequence boundaries (trainer/attention.py: varlen flash on a GPU, sdpa per sample elsewhere; eager,
+for Gemma-2, a block-diagonal mask), so no token attends across samples and each sample sees the
+positions it would see alone. A row's
 tail padding is its own pseudo-sequence that carries no loss. The next-token shift crosses a
 boundary only at a sequence's first token, which is always a prompt (or BOS) token and never a
 loss target, so no loss is taken across samples either. SFT packs its examples the same way.
