@@ -180,16 +180,28 @@ def regroup_rows(micro: list[dict[str, torch.Tensor]], sizes: list[int]) -> list
     return out
 
 
+def samples_in(mb: dict[str, torch.Tensor]) -> list[tuple[int, int, int]]:
+    """(row, start, end) of each sample of a micro-batch, a row's tail padding left out: packed rows'
+    samples start where their position is 0 and end where the next starts; a row without
+    position ids is one sample (its real tokens, or all of it)."""
+    rows, width = mb["input_ids"].shape
+    real = mb["real_tokens"].tolist() if "real_tokens" in mb else [width] * rows
+    if "position_ids" not in mb:
+        return [(r, 0, n) for r, n in enumerate(real) if n]
+    out = []
+    for r, n in enumerate(real):
+        if n:  # a row starts a sample (as `trainer/attention.packing` reads it), wherever its positions start
+            starts = [0, *((mb["position_ids"][r, 1:n] == 0).nonzero().squeeze(1) + 1).tolist()]
+            out += [(r, a, b) for a, b in zip(starts, [*starts[1:], n], strict=True)]
+    return out
+
+
 def samples_of(micro: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
-    """Each sample of packed micro-batches, its per-token fields cut out of its row (a row's tail
-    padding is dropped): a sample starts where its position is 0 and ends where the next starts."""
+    """Each sample of packed micro-batches, its per-token fields cut out of its row (`samples_in`)."""
     out = []
     for mb in micro:
         per_token = [k for k in mb if k != "real_tokens"]
-        for r, real in enumerate(mb["real_tokens"].tolist()):
-            starts = (mb["position_ids"][r, :real] == 0).nonzero().squeeze(1).tolist()
-            for a, b in zip(starts, [*starts[1:], real], strict=True):
-                out.append({k: mb[k][r, a:b] for k in per_token})
+        out += [{k: mb[k][r, a:b] for k in per_token} for r, a, b in samples_in(mb)]
     return out
 
 

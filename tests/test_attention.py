@@ -62,7 +62,7 @@ def test_work_counts_real_tokens_and_each_real_samples_square():
         "real_tokens": torch.tensor([6, 3]),
     }
     work = Work()
-    work.add(mb, packing(mb["position_ids"]))
+    work.add(mb)
     assert (work.computed, work.tokens, work.square_lengths) == (12, 9, 16 + 4 + 9)
     config = types.SimpleNamespace(
         hidden_size=8, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=3,

@@ -21,7 +21,6 @@ import torch
 
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.microbatches import PACK_DTYPES, PACK_PAD, pack_rows
-from rlfleet.trainer.attention import packing
 from rlfleet.trainer.flops import Work, model_flops, peak_flops
 from rlfleet.trainer.losses import PolicyLoss, StepNorm
 from rlfleet.trainer.nll import NLL
@@ -104,7 +103,7 @@ def run_bench(cfg: TrainerJobConfig, loss: str = "grpo") -> dict[str, Any]:
             times.append(time.perf_counter() - t0)
             work = Work()  # every rank's micro-batches
             for mb in micro:
-                work.add(mb, packing(mb["position_ids"]))
+                work.add(mb)
             flops.append(model_flops(lm_config, work.tokens, work.square_lengths))
         losses.append(metrics["loss"])
     step_s = statistics.median(times)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rlfleet.trainer.attention import Packing
+from rlfleet.microbatches import samples_in
 
 PEAK_BF16 = {
     "H100 PCIe": 756e12,
@@ -72,19 +72,11 @@ class Work:
     tokens: int = 0
     square_lengths: int = 0
 
-    def add(self, mb: dict[str, torch.Tensor], packed: Packing | None) -> None:
-        ids = mb["input_ids"]
-        real = mb["real_tokens"].tolist() if "real_tokens" in mb else [ids.shape[1]] * ids.shape[0]
-        self.computed += ids.numel()
-        self.tokens += sum(real)
-        if packed is None:  # one sample a row
-            self.square_lengths += sum(n * n for n in real)
-            return
-        width, at = ids.shape[1], 0
-        for n in packed.lengths:  # a segment that starts past its row's real tokens is padding
-            if at % width < real[at // width]:
-                self.square_lengths += n * n
-            at += n
+    def add(self, mb: dict[str, torch.Tensor]) -> None:
+        samples = [b - a for _, a, b in samples_in(mb)]
+        self.computed += mb["input_ids"].numel()
+        self.tokens += sum(samples)
+        self.square_lengths += sum(n * n for n in samples)
 
     def metrics(self, seconds: float, config: Any, device: torch.device, world: int) -> dict[str, float]:
         """train_tokens_per_s, padding_frac and (on a GPU with a known peak) mfu, over all ranks."""
