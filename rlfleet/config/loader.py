@@ -49,7 +49,10 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 
 
 def _parse_value(raw: str) -> Any:
-    """TOML literal if it parses (numbers, bools, arrays, quoted strings), else the raw string."""
+    """TOML literal if it parses (numbers, bools, arrays, quoted strings), else the raw string;
+    `null` unsets an optional key a config file set (TOML has no null)."""
+    if raw == "null":
+        return None
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
