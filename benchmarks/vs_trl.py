@@ -36,10 +36,11 @@ from trl_match import grpo_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "examples" / "tiny" / "rl.toml"
-# Qwen2-0.5B's body as a Llama (no qkv bias, untied LM head); the char tokenizer padded to 32768 ids.
+# Qwen2-0.5B's / -1.5B's bodies as Llamas (no qkv bias, untied LM head); the char tokenizer padded to 32768 ids.
 SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {},
     "05b": dict(hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, vocab_size=32768),
+    "15b": dict(hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, vocab_size=32768),
 }
 DIFFERS = [
     "advantages: rlfleet divides by the population std + 1e-6, TRL (scale_rewards='group') by the "
