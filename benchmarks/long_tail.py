@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from vs_trl import DIFFERS, ROOT, SHAPES, run_rlfleet, run_trl, trl_spec, versions
+from vs_trl import DIFFERS, ROOT, SHAPES, positions_for, run_rlfleet, run_trl, trl_spec, versions
 
 # per device: the job (micro = rlfleet's micro_batch_size: packed rows when seq_len > 0), TRL's steps and
 # micro-batch (sequences), the peak's tokens per request
@@ -195,9 +195,8 @@ def prepare_model(tmp: Path, shape: dict[str, Any], max_model_len: int, max_toke
     from rlfleet.trainer.tiny import make_tiny_model
 
     model = make_tiny_model(tmp / "model", seed=0, **shape)
+    positions_for(model, max_model_len)
     cfg = json.loads((model / "config.json").read_text())
-    cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], max_model_len)
-    (model / "config.json").write_text(json.dumps(cfg, indent=2))
     if rate is None:
         rate = 0.0 if 1 / cfg["vocab_size"] >= 2 / max_tokens else 4 / max_tokens
     if not rate:

@@ -201,6 +201,16 @@ def trl_worker(spec_path: str) -> None:
     Path(spec["result"]).write_text(json.dumps(clock))
 
 
+def positions_for(model: Path, max_model_len: int) -> None:
+    """RoPE positions for max_model_len in the model's config: vLLM refuses a longer max_model_len
+    than max_position_embeddings (the tiny config's 1024), and past it its rotary cache is indexed
+    out of bounds (a device-side assert)."""
+    path = model / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], max_model_len)
+    path.write_text(json.dumps(cfg, indent=2))
+
+
 def trl_spec(cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool) -> dict[str, Any]:
     """rlfleet's prompts (text and token ids) and the GRPOConfig kwargs that mirror its config."""
     from transformers import AutoTokenizer
@@ -311,6 +321,8 @@ def main() -> None:
             argv += ["--deployment.num-train-gpus", "1"]
         argv += overrides
         cfg = load(RLConfig, argv)
+        if not a.dry_run:
+            positions_for(model, cfg.inference.max_model_len)
         spec = trl_spec(cfg, model, tmp, a.device, a.trl_vllm)
         if a.dry_run:
             from trl import GRPOConfig
