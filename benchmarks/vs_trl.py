@@ -104,9 +104,12 @@ def run_rlfleet(
     recs = read_steps(store)
     tokens = [read_rollout_manifest(store, r["step"])["num_completion_tokens"] for r in recs]
     # the trainer's save (or GPU copy) of the weights it publishes, inside trainer_seconds
-    publish = [read_metrics(store, r["step"]).get("publish_seconds", 0.0) for r in recs]
+    metrics = [read_metrics(store, r["step"]) for r in recs]
+    publish = [m.get("publish_seconds", 0.0) for m in metrics]
     per_step = {k: [r[f"{k}_seconds"] for r in recs] for k in ("step", "sample", "trainer", "broadcast")}
-    split = {k: median(v) for k, v in per_step.items() if k != "step"} | {"trainer_publish": median(publish)}
+    # the trainer's own speed in the loop (a GPU trainer's step metrics; absent on a CPU)
+    per_step |= {k: [m.get(k) for m in metrics] for k in ("train_tokens_per_s", "mfu", "padding_frac")}
+    split = {k: median(per_step[k]) for k in ("sample", "trainer", "broadcast")} | {"trainer_publish": median(publish)}
     for p in sorted({p for r in recs for p in r["phase_seconds"]}):
         split[f"phase/{p}"] = median([r["phase_seconds"].get(p, 0.0) for r in recs])
     start, rewards = recs[0]["finished_at"] - recs[0]["step_seconds"], [r["mean_reward"] for r in recs]
