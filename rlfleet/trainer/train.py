@@ -189,7 +189,7 @@ def accumulate(
     for i, mb in enumerate(mine):
         # Packed rows carry position_ids that restart per sample (rlfleet/microbatches.py); their
         # samples are read here, on the host, so that no attention layer waits on the GPU for them.
-        packed = packing(mb["position_ids"]) if "position_ids" in mb else None
+        packed = packing(mb["position_ids"]) if policy.varlen and "position_ids" in mb else None
         mine_work.add(mb)
         mb = {k: v.to(device, non_blocking=True) for k, v in mb.items()}
         set_gradient_sync(policy, i == len(mine) - 1)
