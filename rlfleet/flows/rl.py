@@ -30,6 +30,7 @@ from prefect.utilities.annotations import quote
 from rlfleet.config.envs import env_name
 from rlfleet.config.models import RLConfig
 from rlfleet.config.placement import Placement
+from rlfleet.fleet.attach import fleet_hold
 from rlfleet.flows.artifacts import publish_summary, stall_reporter
 from rlfleet.flows.monitor import LiveArtifacts
 from rlfleet.flows.server import hold_temporary_server
@@ -65,7 +66,7 @@ def rl(config: RLConfig) -> State:
     # replicas `rlfleet rl` started for this run hold its ports: not a conflict
     cfg, placement = resolve(config, ports=not started_early(config.output_dir))
     tag_run(cfg)
-    with gpu_lease(placement.gpus):
+    with gpu_lease(placement.gpus), fleet_hold(cfg.fleet, cfg.output_dir):  # fleet: one run at a time
         summary = _run(cfg, placement, t0)
     first, last = summary["first3_mean_reward"], summary["last3_mean_reward"]
     change = "no steps run" if first is None else f"reward {first:.3f} -> {last:.3f}"

@@ -293,13 +293,35 @@ class InferencePool:
                 )
             self.external_ready = True
         for url in self.urls:
-            if url not in self.dropped and probe(url) is False:
+            if url in self.dropped or probe(url) is not False:
+                continue
+            if self.cfg.fleet is None:
                 log.warning("external vLLM replica %s stopped answering; dropped from the pool", url)
                 self.dropped.add(url)
+                continue
+            self._rejoin(url)
         live = [u for u in self.urls if u not in self.dropped]
         if not live:
             raise TransientError(f"no external vLLM replica is healthy: {self.urls}")
         return live
+
+    def _rejoin(self, url: str) -> None:
+        """A fleet's replica that stopped answering: its fleet relaunches it (from the base model),
+        so wait for it, then load what this run serves on it. It is never dropped: a fleet's
+        replica does come back, and with the weights this load gives it."""
+        log.warning(
+            "fleet %s's replica %s stopped answering: waiting for the fleet to relaunch it",
+            self.cfg.fleet,
+            url,
+        )
+        with self.progress.starting_up(f"fleet {self.cfg.fleet}'s replica"):
+            wait_until(lambda: healthy(url), self.cfg.inference.startup_timeout_s, what=f"vLLM at {url}")
+        self.relaunched.append(
+            {"replica": self.urls.index(url), "exit_code": None, "weights": self.policy_step}
+        )
+        if self.ticket is not None:
+            self.versions.pop(url, None)
+            self._load_all([url], self.ticket)
 
     def shutdown(self) -> None:
         self.closed = True

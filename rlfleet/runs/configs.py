@@ -13,6 +13,7 @@ from rlfleet.config.model import check_model
 from rlfleet.config.models import RLConfig
 from rlfleet.config.placement import Placement, check_gpus
 from rlfleet.config.served import check_teacher_tokenizer
+from rlfleet.fleet.attach import attach, fleet_gpu_problems
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.runs.lock import reap_earlier_life
 from rlfleet.store import RunDir, layout, run_store
@@ -59,6 +60,7 @@ def preflight(cfg: RLConfig, ports: bool = True) -> Placement:
     if problem := slurm_missing(cfg.deployment, None, cfg.inference.urls):
         problems.append(problem)
     placement, placing = check_gpus(cfg)
+    placing += fleet_gpu_problems(cfg, placement.gpus) if placement is not None else []
     raise_if(problems + placing)
     assert placement is not None  # no problems: placed
     return placement
@@ -81,7 +83,9 @@ def check_served(cfg: RLConfig, ports: bool = True) -> list[str]:
 def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, Placement]:
     """The config a run executes (cores split, placement defaults filled) after its preflight, and
     its placement: what the flow runs and what `vllm_started_early` starts. ports=True (a launch):
-    first reaps what a killed controller of this run left running."""
+    first reaps what a killed controller of this run left running. A run that names a fleet gets
+    its replicas as `inference.urls` (fleet/attach.py)."""
+    config = attach(config)
     # a launch that starts its own replicas (given urls, a SLURM job's steps own them and the
     # trainer): what a killed controller of this run left would hold their ports
     if ports and not config.inference.urls:

@@ -1,0 +1,43 @@
+"""`rlfleet fleet up @ fleet.toml`: vLLM replicas of one base model kept running between runs
+(rlfleet/fleet/). A run attaches with a top-level `fleet = "NAME"`."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from rlfleet.config.base import FleetName, Strict
+from rlfleet.config.inference import InferenceConfig
+from rlfleet.config.model import ModelConfig
+from rlfleet.config.models import InferenceJobConfig
+from rlfleet.config.served import POLICY
+
+
+class FleetConfig(Strict):
+    name: FleetName = Field(description="What runs name in `fleet = NAME`.")
+    model: ModelConfig
+    inference: InferenceConfig = Field(
+        default_factory=InferenceConfig,
+        description="The replicas' server shape; a run must ask for the same one to attach.",
+    )
+    gpu_ids: list[str] = Field(
+        default_factory=list, description="CUDA devices, tensor_parallel_size per replica; empty = CPU."
+    )
+    seed: int = Field(0, description="vLLM's seed: the fleet's, whichever run attaches.")
+
+    @model_validator(mode="after")
+    def _no_urls(self) -> FleetConfig:
+        if self.inference.urls:
+            raise ValueError("inference.urls: a fleet starts its own replicas")
+        self.job()  # replicas x TP against gpu_ids
+        return self
+
+    def job(self, output_dir: str = "outputs/fleet") -> InferenceJobConfig:
+        """The replicas' launch job; `output_dir` holds their logs and pidfiles."""
+        return InferenceJobConfig(
+            name=POLICY,
+            output_dir=output_dir,
+            seed=self.seed,
+            model=self.model,
+            inference=self.inference,
+            gpu_ids=self.gpu_ids,
+        )

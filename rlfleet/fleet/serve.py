@@ -1,0 +1,74 @@
+"""`rlfleet fleet up`: start the fleet's replicas, say where they are, keep them serving until
+SIGTERM or SIGINT (`rlfleet fleet down NAME` sends it). A replica that dies is relaunched by the
+pool's watch (inference/pool.py), from the base model; a run attached to it waits for it and
+loads its own weights on it again (`InferencePool._rejoin`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+from rlfleet.config.fleet import FleetConfig
+from rlfleet.config.inference import check_ports
+from rlfleet.config.loader import ConfigError, raise_if
+from rlfleet.config.model import check_model
+from rlfleet.fleet.state import FleetState, fleet_dir, read_state, remove_state, write_state
+from rlfleet.inference.pool import InferencePool
+from rlfleet.procs import running, wait_until
+
+log = logging.getLogger("rlfleet.fleet")
+
+
+def preflight(cfg: FleetConfig) -> None:
+    """What must hold before a replica starts: one fleet of a name, its model, free ports."""
+    if (up := read_state(cfg.name)) is not None:
+        raise ConfigError(
+            f"name: fleet {cfg.name!r} is already up (pid {up['pid']}): `rlfleet fleet down {cfg.name}` first"
+        )
+    raise_if(check_model(cfg.model) + check_ports(cfg.inference))
+
+
+def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None = None) -> FleetState:
+    """Run the fleet until `stop` is set; returns the state it published."""
+    preflight(cfg)
+    job = cfg.job(str(fleet_dir() / cfg.name))
+    pool = InferencePool(job)
+    try:
+        pool.start()
+        state = write_state(cfg.name, pool.ensure(), job)
+        log.info(
+            "fleet %s up: %s serving %s; runs attach with fleet = %r",
+            cfg.name,
+            ", ".join(state["urls"]),
+            cfg.model.path,
+            cfg.name,
+        )
+        if ready is not None:
+            ready.set()
+        stop.wait()
+        return state
+    finally:
+        remove_state(cfg.name)
+        pool.shutdown()
+
+
+def up(cfg: FleetConfig) -> int:
+    """The `rlfleet fleet up` command: serve in the foreground, down on SIGTERM / SIGINT."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    serve(cfg, stop)
+    log.info("fleet %s down", cfg.name)
+    return 0
+
+
+def down(name: str, timeout_s: float = 120.0) -> bool:
+    """SIGTERM fleet `name`'s process and wait for it to stop; False if it was not up."""
+    state = read_state(name)
+    if state is None:
+        return False
+    os.kill(state["pid"], signal.SIGTERM)
+    wait_until(lambda: not running(state["pid"], state["started"]), timeout_s, what=f"fleet {name} to stop")
+    return True

@@ -1,0 +1,153 @@
+"""A warm fleet (rlfleet/fleet/): runs attach to replicas they did not start, one at a time, each
+starting from its own weights; runs that would start vLLM differently, or on a fleet's GPUs, are
+refused before anything starts."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import threading
+
+import pytest
+import torch
+
+from rlfleet.config.fleet import FleetConfig
+from rlfleet.config.inference import InferenceConfig
+from rlfleet.config.loader import ConfigError
+from rlfleet.config.model import ModelConfig
+from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold
+from rlfleet.fleet.serve import serve
+from rlfleet.fleet.state import fleet_dir, mismatches, read_state, shape, write_state
+from rlfleet.inference.server import healthy
+from rlfleet.procs import pid_alive, wait_until
+from rlfleet.store import RunStore, layout
+from rlfleet.store.records import read_steps
+from tests.helpers import free_port, prompt_logprobs, rl_config
+
+
+@pytest.fixture(autouse=True)
+def fleets(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLFLEET_FLEET_DIR", str(tmp_path / "fleets"))
+    return tmp_path / "fleets"
+
+
+def _fleet(model, port: int, **inference) -> FleetConfig:
+    return FleetConfig(
+        name="t", model=ModelConfig(path=str(model)), inference=InferenceConfig(port=port, **inference)
+    )
+
+
+def test_a_run_that_would_start_vllm_differently_is_refused_naming_each_argument(tiny_model, tmp_path):
+    run = rl_config(tiny_model, tmp_path / "run", max_steps=1, fleet="t")
+    with pytest.raises(ConfigError, match="'t' is not up"):
+        attach(run)
+
+    fleet = _fleet(tiny_model, 8400, max_model_len=128)
+    write_state("t", ["http://127.0.0.1:8400"], fleet.job())  # this process stands in for the fleet's
+    attached = attach(run)
+    assert attached.inference.urls == ["http://127.0.0.1:8400"]
+    assert attach(rl_config(tiny_model, tmp_path / "run", max_steps=1, seed="7", fleet="t")).inference.urls
+
+    longer = rl_config(
+        tiny_model, tmp_path / "run", max_steps=1, fleet="t", **{"inference.max-model-len": "256"}
+    )
+    with pytest.raises(ConfigError, match=r"--max-model-len: the fleet's '128', the run's '256'"):
+        attach(longer)
+    assert mismatches(shape(fleet.job()), shape(fleet.job())) == []
+    with pytest.raises(ConfigError, match="name one"):
+        attach(
+            rl_config(
+                tiny_model, tmp_path / "run", max_steps=1, fleet="t", **{"inference.urls": '["http://x:1"]'}
+            )
+        )
+
+
+def test_a_run_that_names_no_fleet_is_refused_a_fleets_gpus(tiny_model, tmp_path):
+    on_gpus = FleetConfig(
+        name="g",
+        model=ModelConfig(path=str(tiny_model)),
+        inference=InferenceConfig(num_replicas=2),
+        gpu_ids=["0", "1"],
+    )
+    write_state("g", ["http://127.0.0.1:8400", "http://127.0.0.1:8401"], on_gpus.job())
+    plain = rl_config(tiny_model, tmp_path / "run", max_steps=1)
+    (problem,) = fleet_gpu_problems(plain, ["1", "2"])
+    assert "GPUs 1 belong to fleet 'g'" in problem and 'fleet = "g"' in problem
+    assert fleet_gpu_problems(plain, ["2", "3"]) == []
+    assert fleet_gpu_problems(rl_config(tiny_model, tmp_path / "run", max_steps=1, fleet="g"), ["0"]) == []
+
+
+def test_one_run_holds_a_fleet_at_a_time_and_its_death_gives_it_back(fleets):
+    with fleet_hold("t", "outputs/a"):
+        other = os.open(fleets / "t.lock", os.O_RDWR)
+        with pytest.raises(BlockingIOError):  # a second run would wait here
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on the way out
+    os.close(other)
+    with fleet_hold(None, "outputs/b"):  # a run that names no fleet holds nothing
+        pass
+
+
+@pytest.mark.e2e
+def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefect_api, tmp_path):
+    """Run A trains on the fleet and leaves its weights on the replica; run B attaches next and its
+    step 0 samples from the base model (its sampler's logprobs are the base model's, teacher-forced
+    by HF), not from A's weights. The replica is the one the fleet started, still serving after both;
+    killed, the fleet relaunches it from the base model."""
+    from transformers import AutoModelForCausalLM
+
+    from rlfleet.flows.rl import rl
+    from rlfleet.trainer.lm_head import token_logprobs
+
+    fleet = _fleet(tiny_model, free_port(), max_model_len=128)
+    stop, ready = threading.Event(), threading.Event()
+    thread = threading.Thread(target=serve, args=(fleet, stop, ready), daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(300), "the fleet's replica did not serve"
+        state = read_state("t")
+        assert state is not None and (fleet_dir() / "t.json").is_file()
+        url, pidfile = state["urls"][0], fleet_dir() / "t" / "run" / "inference_0.pid"
+        replica_pid = pid_alive(pidfile)
+        prompt = [1, *range(40, 60)]
+        base = prompt_logprobs(url, prompt)
+
+        a = rl(config=rl_config(tiny_model, tmp_path / "a", max_steps=2, fleet="t"), return_state=True)
+        assert a.is_completed(), a
+        assert max(abs(x - y) for x, y in zip(prompt_logprobs(url, prompt), base, strict=True)) > 1e-3, (
+            "run A's weights stay on the fleet's replica after it ends: what B must not sample from"
+        )
+
+        out_b = tmp_path / "b"
+        b = rl(config=rl_config(tiny_model, out_b, max_steps=1, fleet="t"), return_state=True)
+        assert b.is_completed(), b
+        hf = AutoModelForCausalLM.from_pretrained(tiny_model)
+        first = _records(out_b, 0)[0]
+        ids = torch.tensor([first["input_ids"]])
+        with torch.no_grad():
+            ref = token_logprobs(hf(input_ids=ids).logits[:, :-1], ids[:, 1:])[0].tolist()
+        sampled = [i for i, m in enumerate(first["loss_mask"]) if m]
+        off = max(abs(first["logprobs"][i] - ref[i - 1]) for i in sampled)
+        assert off < 1e-3, f"run B's step 0 sampled from other weights than its own (max off {off})"
+        assert read_steps(RunStore(str(out_b)))[0]["policy_step"] == -1
+        assert replica_pid is not None and pid_alive(pidfile) == replica_pid, (
+            "the runs stopped the fleet's replica"
+        )
+
+        os.kill(replica_pid, signal.SIGKILL)  # its guard: the server dies with it
+        wait_until(
+            lambda: pid_alive(pidfile) not in (None, replica_pid) and healthy(url), 300, what="a relaunch"
+        )
+        again = prompt_logprobs(url, prompt)  # relaunched from the base model, not from a run's weights
+        assert max(abs(x - y) for x, y in zip(again, base, strict=True)) < 1e-4
+    finally:
+        stop.set()
+        thread.join(120)
+    assert read_state("t") is None and not (fleet_dir() / "t.json").exists()
+
+
+def _records(out, step: int) -> list[dict]:
+    files = sorted((out / layout.step_dir(layout.ROLLOUTS, step)).glob("*.jsonl"))
+    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
