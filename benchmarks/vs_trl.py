@@ -109,7 +109,9 @@ def run_rlfleet(
     per_step = {k: [r[f"{k}_seconds"] for r in recs] for k in ("step", "sample", "trainer", "broadcast")}
     # the trainer's own speed in the loop (a GPU trainer's step metrics; absent on a CPU)
     per_step |= {k: [m.get(k) for m in metrics] for k in ("train_tokens_per_s", "mfu", "padding_frac")}
-    split = {k: median(per_step[k]) for k in ("sample", "trainer", "broadcast")} | {"trainer_publish": median(publish)}
+    split = {k: median(per_step[k]) for k in ("sample", "trainer", "broadcast")} | {
+        "trainer_publish": median(publish)
+    }
     for p in sorted({p for r in recs for p in r["phase_seconds"]}):
         split[f"phase/{p}"] = median([r["phase_seconds"].get(p, 0.0) for r in recs])
     start, rewards = recs[0]["finished_at"] - recs[0]["step_seconds"], [r["mean_reward"] for r in recs]

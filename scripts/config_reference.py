@@ -46,7 +46,11 @@ ROOTS: list[tuple[str, str, str]] = [
         "InferenceJobConfig",
         "`rlfleet inference`: vLLM replicas alone (the `rl` flow writes it as `configs/inference.toml`).",
     ),
-    ("fleet", "rlfleet.config.fleet.FleetConfig", "`rlfleet fleet up @ fleet.toml`: a warm fleet (fleet.md)."),
+    (
+        "fleet",
+        "rlfleet.config.fleet.FleetConfig",
+        "`rlfleet fleet up @ fleet.toml`: a warm fleet (fleet.md).",
+    ),
 ]
 
 INTRO = """\

@@ -132,7 +132,10 @@ def test_null_unsets_what_a_file_set():
     """The tiny example caps micro_batch_size; `null` gives the default (no cap) back."""
     job = ["@", "examples/tiny/rl.toml", "--model.path", "m"]
     assert load(RLConfig, job).orchestrator.micro_batch_size == 64
-    assert load(RLConfig, [*job, "--orchestrator.micro-batch-size", "null"]).orchestrator.micro_batch_size is None
+    assert (
+        load(RLConfig, [*job, "--orchestrator.micro-batch-size", "null"]).orchestrator.micro_batch_size
+        is None
+    )
     with pytest.raises(ConfigError, match="orchestrator.group_size"):
         load(RLConfig, [*job, "--orchestrator.group-size", "null"])
 
