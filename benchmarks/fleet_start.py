@@ -1,0 +1,112 @@
+"""Start-up with and without a warm fleet (docs/fleet.md): command start -> step 0's end of the tiny
+CPU job, `rlfleet rl` as a user starts it, cold (it starts its own vLLM) against attached to a fleet
+that `rlfleet fleet up` started once before the first run. Paired and alternated per repetition,
+on one box, so that the load of the moment hits both.
+
+    python benchmarks/fleet_start.py --reps 3 --out benchmarks/results/fleet_start_cpu_2core.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import ROOT, free_port, machine, median, table, tiny_model, write
+
+JOB = ROOT / "examples" / "tiny" / "rl.toml"
+
+
+def first_step(model: Path, out: Path, port: int, fleet: str | None, env: dict[str, str]) -> dict[str, Any]:
+    from rlfleet.store import RunStore
+    from rlfleet.store.records import read_steps
+
+    argv = [sys.executable, "-m", "rlfleet.cli", "rl", "@", str(JOB), "--model.path", str(model)]
+    argv += [
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "2",
+        "--inference.port",
+        str(port),
+        "--wandb.mode",
+        "disabled",
+    ]
+    argv += ["--fleet", fleet] if fleet else []
+    t0 = time.time()
+    with (out.parent / f"{out.name}.log").open("w") as log:
+        subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, check=True)
+    wall = time.time() - t0
+    rec = read_steps(RunStore(str(out)))[0]
+    return {"first_step_s": rec["finished_at"] - t0, "wall_s": wall, "step0": rec["phase_seconds"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    runs: dict[str, list[dict[str, Any]]] = {"cold": [], "fleet": []}
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        model, port = tiny_model(tmp), free_port()
+        env = os.environ | {
+            "RLFLEET_FLEET_DIR": str(tmp / "fleets"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        }
+        up = [
+            sys.executable,
+            "-m",
+            "rlfleet.cli",
+            "fleet",
+            "up",
+            "@",
+            str(ROOT / "examples" / "tiny" / "fleet.toml"),
+        ]
+        up += ["--model.path", str(model), "--inference.port", str(port)]
+        t0 = time.time()
+        fleet = subprocess.Popen(
+            up, cwd=ROOT, env=env, stdout=(tmp / "fleet.log").open("w"), stderr=subprocess.STDOUT
+        )
+        try:
+            while "fleet tiny up" not in (tmp / "fleet.log").read_text():
+                if fleet.poll() is not None:
+                    raise RuntimeError((tmp / "fleet.log").read_text()[-3000:])
+                time.sleep(0.5)
+            fleet_up_s = time.time() - t0
+            for i in range(a.reps):
+                for v in ("cold", "fleet") if i % 2 == 0 else ("fleet", "cold"):
+                    p = free_port() if v == "cold" else port
+                    runs[v].append(
+                        first_step(model, tmp / f"{v}_{i}", p, "tiny" if v == "fleet" else None, env)
+                    )
+                    print(v, runs[v][-1], flush=True)
+        finally:
+            fleet.terminate()
+            fleet.wait(120)
+    med = {v: median([r["first_step_s"] for r in rs]) for v, rs in runs.items()}
+    write(
+        a.out,
+        {
+            "job": "examples/tiny/rl.toml, 2 steps, `rlfleet rl` (cold) or `rlfleet rl --fleet tiny`",
+            "env": machine() | {"loadavg": os.getloadavg()},
+            "fleet_up_s": fleet_up_s,
+            "median_first_step_s": med,
+            "cold_over_fleet": med["cold"] / med["fleet"],
+            "runs": runs,
+        },
+    )
+    table(
+        "command start -> step 0's end (s)",
+        ["variant", "median", "tries"],
+        [[v, med[v], ", ".join(f"{r['first_step_s']:.1f}" for r in rs)] for v, rs in runs.items()],
+    )
+
+
+if __name__ == "__main__":
+    main()
