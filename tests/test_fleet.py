@@ -8,6 +8,8 @@ import fcntl
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -85,9 +87,24 @@ def test_one_run_holds_a_fleet_at_a_time_and_its_death_gives_it_back(fleets):
         with pytest.raises(BlockingIOError):  # a second run would wait here
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on the way out
-    os.close(other)
+    fcntl.flock(other, fcntl.LOCK_UN)
     with fleet_hold(None, "outputs/b"):  # a run that names no fleet holds nothing
         pass
+
+    code = "from rlfleet.fleet.attach import fleet_hold\nwith fleet_hold('t', 'outputs/c'):\n print('held', flush=True); input()"
+    run = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert run.stdout.readline().strip() == "held"
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert json.loads((fleets / "t.lock").read_text())["run"] == "outputs/c"
+    finally:
+        run.kill()  # a run killed mid-way: the kernel gives the fleet back
+        run.wait()
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(other)
 
 
 @pytest.mark.e2e
