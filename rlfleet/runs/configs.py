@@ -15,7 +15,7 @@ from rlfleet.config.placement import Placement, check_gpus
 from rlfleet.config.served import check_teacher_tokenizer
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.runs.lock import reap_earlier_life
-from rlfleet.store import RunDir, layout, run_store
+from rlfleet.store import RunDir, RunStore, layout, run_store
 from rlfleet.store.writable import check_output_dir
 
 
@@ -43,6 +43,11 @@ def write_configs(cfg: RLConfig, placement: Placement) -> dict[str, str]:
         paths[name] = store.uri(layout.config(name))
     store.write_text(layout.PLACEMENT, placement.to_json())
     return paths
+
+
+def trainer_config(store: RunStore) -> Path:
+    """The trainer's config as its process reads it (`write_configs` puts it there)."""
+    return RunDir(store.local_dir).config("trainer")
 
 
 def preflight(cfg: RLConfig, ports: bool = True) -> Placement:
@@ -80,7 +85,7 @@ def check_served(cfg: RLConfig, ports: bool = True) -> list[str]:
 
 def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, Placement]:
     """The config a run executes (cores split, placement defaults filled) after its preflight, and
-    its placement: what the flow runs and what `vllm_started_early` starts. ports=True (a launch):
+    its placement: what the flow runs and what `runs/early.py` starts. ports=True (a launch):
     first reaps what a killed controller of this run left running."""
     # a launch that starts its own replicas (given urls, a SLURM job's steps own them and the
     # trainer): what a killed controller of this run left would hold their ports
