@@ -233,13 +233,18 @@ def test_bad_env_fails_before_anything_starts(base, tmp_path, capsys, monkeypatc
     assert not (tmp_path / "out").exists()
 
 
-def test_the_rl_flow_module_leaves_torch_and_transformers_for_later():
+def test_the_rl_flow_module_leaves_torch_transformers_and_prefects_server_for_later():
     """`rlfleet rl` imports the flow before Prefect's server and vLLM start; torch and transformers
-    (~6 s on 2 cores) load beside vLLM's start instead (the tokenizer thread, the first batch)."""
+    (~6 s on 2 cores) load beside vLLM's start instead (the tokenizer thread, the first batch).
+    Prefect's server module (FastAPI, SQLAlchemy: ~3 s) is imported by Prefect's client where it
+    starts a temporary server: a run on a shared API never needs it."""
     import subprocess
     import sys
 
-    code = "import sys, rlfleet.flows.rl; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    heavy = ("torch", "transformers", "prefect.server.api.server")
+    code = (
+        f"import sys, rlfleet.runs.early, rlfleet.flows.rl; print([m for m in {heavy} if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
