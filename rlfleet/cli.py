@@ -57,7 +57,7 @@ def _submit(command: str, cfg) -> int:
 
 def _rl(argv: Sequence[str]) -> int:
     from rlfleet.config.models import RLConfig
-    from rlfleet.runs.handles import vllm_started_early
+    from rlfleet.runs.early import early_start
 
     cfg = load(RLConfig, _dry_run(argv))
     if cfg.slurm is not None:
@@ -66,7 +66,7 @@ def _rl(argv: Sequence[str]) -> int:
         from rlfleet.tasks.storage import load_credentials_block
 
         load_credentials_block()
-    with vllm_started_early(cfg):  # preflight: fails in a second, before vLLM or Prefect start
+    with early_start(cfg):  # preflight (fails in a second), then vLLM and the trainer before Prefect
         from rlfleet.flows.rl import rl
 
         summary = rl(config=cfg)

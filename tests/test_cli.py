@@ -233,53 +233,60 @@ def test_bad_env_fails_before_anything_starts(base, tmp_path, capsys, monkeypatc
     assert not (tmp_path / "out").exists()
 
 
-def test_the_rl_flow_module_leaves_torch_and_transformers_for_later():
+def test_the_rl_flow_module_leaves_torch_transformers_and_prefects_server_for_later():
     """`rlfleet rl` imports the flow before Prefect's server and vLLM start; torch and transformers
-    (~6 s on 2 cores) load beside vLLM's start instead (the tokenizer thread, the first batch)."""
+    (~6 s on 2 cores) load beside vLLM's start instead (the tokenizer thread, the first batch).
+    Prefect's server module (FastAPI, SQLAlchemy: ~3 s) is imported by Prefect's client where it
+    starts a temporary server: a run on a shared API never needs it."""
     import subprocess
     import sys
 
-    code = "import sys, rlfleet.flows.rl; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    heavy = ("torch", "transformers", "prefect.server.api.server")
+    code = (
+        f"import sys, rlfleet.runs.early, rlfleet.flows.rl; print([m for m in {heavy} if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
-def test_vllm_started_early_stops_what_no_flow_adopted(base, tmp_path):
-    """`rlfleet rl` starts a CPU run's vLLM before the flow (runs/handles.py); if the flow never
-    takes it (it failed first, or resolved another inference config), leaving the `with` stops
-    it and frees the run's lock."""
+def test_early_start_stops_what_no_flow_adopted(base, tmp_path):
+    """`rlfleet rl` starts a run's vLLM and trainer before the flow (runs/early.py); if the flow
+    never takes them (it failed first, or resolved another inference config), leaving the `with`
+    stops them and frees the run's lock."""
     from rlfleet.config.models import RLConfig
+    from rlfleet.runs import early as early_mod
     from rlfleet.runs.configs import resolve
-    from rlfleet.runs.handles import _EARLY, _EARLY_TRAINER, RunHandles, started_early, vllm_started_early
+    from rlfleet.runs.early import early_start, started_early
+    from rlfleet.runs.handles import RunHandles
     from rlfleet.store import RunStore
     from tests.helpers import free_port
 
     cfg = load(RLConfig, [*base, "--inference.port", str(free_port())])
-    with vllm_started_early(cfg):
-        (replica,) = _EARLY[cfg.output_dir].replicas
+    with early_start(cfg):
+        early = early_mod._RUNS[cfg.output_dir]
+        (replica,) = early.pool.replicas
         assert replica.process.alive()
         assert (tmp_path / "out/run/controller.pid").exists()
-        trainer = _EARLY_TRAINER[cfg.output_dir].process  # a fresh run's trainer starts with vLLM
+        trainer = early.trainer.process  # a fresh run's trainer starts with vLLM
         assert trainer.alive() and (tmp_path / "out/configs/trainer.toml").is_file()
-    assert not replica.process.alive() and not _EARLY
-    assert not trainer.alive() and not _EARLY_TRAINER
+    assert not replica.process.alive() and not trainer.alive() and not early_mod._RUNS
     assert not (tmp_path / "out/run/controller.pid").exists()
 
     # a run with a step already: its flow discards the dead life's work first, so no early trainer
     RunStore(tmp_path / "out").write_json("metrics/step_0.json", {})
-    with vllm_started_early(cfg):
-        assert cfg.output_dir in _EARLY and not _EARLY_TRAINER
+    with early_start(cfg):
+        assert started_early(cfg.output_dir) and early_mod._RUNS[cfg.output_dir].trainer is None
     (tmp_path / "out/metrics/step_0.json").unlink()
 
-    with vllm_started_early(cfg):
-        early = _EARLY[cfg.output_dir]
-        early.ensure()  # serving: its port is taken, and the flow's preflight must not count it
+    with early_start(cfg):
+        early = early_mod._RUNS[cfg.output_dir]
+        early.pool.ensure()  # serving: its port is taken, and the flow's preflight must not count it
         with pytest.raises(ConfigError, match="inference.port"):
             resolve(cfg)
         assert started_early(cfg.output_dir) and resolve(cfg, ports=False)
+        trainer = early.trainer.process
         other = cfg.model_copy(update={"inference": cfg.inference.model_copy(update={"max_model_len": 64})})
         handles = RunHandles.for_run(other)
-        assert handles.pool is not early
-        assert early.closed and not early.replicas and not _EARLY
-        handles.stop_trainer()  # the early trainer, adopted or replaced by a not yet started one
-        assert not _EARLY_TRAINER
+        assert handles.pool is not early.pool
+        assert early.pool.closed and not early.pool.replicas and not early_mod._RUNS
+        assert handles.trainer is not early.trainer and not trainer.alive()

@@ -168,3 +168,22 @@ def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefe
 def _records(out, step: int) -> list[dict]:
     files = sorted((out / layout.step_dir(layout.ROLLOUTS, step)).glob("*.jsonl"))
     return [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
+
+
+def test_a_run_on_a_fleet_starts_only_its_trainer_early(tiny_model, tmp_path, monkeypatch):
+    """`rlfleet rl --fleet` starts the trainer before Prefect and the flow, as a cold run does,
+    and no vLLM of its own: the fleet's replicas serve already."""
+    from rlfleet.inference.pool import InferencePool
+    from rlfleet.runs.early import early_start
+    from rlfleet.trainer.launch import TrainerProcess
+
+    events: list[str] = []
+    monkeypatch.setattr(InferencePool, "start", lambda self: events.append("vllm"))
+    monkeypatch.setattr(TrainerProcess, "ensure", lambda self: events.append("trainer"))
+    monkeypatch.setattr(TrainerProcess, "stop", lambda self: None)
+    write_state("t", ["http://127.0.0.1:8400"], _fleet(tiny_model, 8400, max_model_len=128).job())
+    with early_start(rl_config(tiny_model, tmp_path / "run", max_steps=1, fleet="t")):
+        assert events == ["trainer"]
+    events.clear()
+    with early_start(rl_config(tiny_model, tmp_path / "cold", max_steps=1)):
+        assert events == ["vllm", "trainer"]

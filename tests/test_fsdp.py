@@ -4,6 +4,7 @@ gloo with two torchrun ranks (same loss as one process; a checkpoint saved by 2 
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from rlfleet.config.placement import assign_gpus
 from rlfleet.store import RunStore
 from rlfleet.trainer.launch import TrainerProcess, torchrun_cmd
 from rlfleet.trainer.lm_head import chunked_logprobs, token_logprobs
-from rlfleet.trainer.parallel import apply_activation_checkpointing
+from rlfleet.trainer.parallel import apply_activation_checkpointing, apply_compile
 from rlfleet.trainer.train import Policy, load_model
 from tests.helpers import dcp_ranks
 from tests.synthetic_run import logged_losses, publish_steps, run_job
@@ -55,6 +56,23 @@ def test_activation_checkpointing_keeps_loss_and_grads(tiny_model, mode):
     lp, grads = loss_and_grads(mode, 8)
     assert torch.allclose(lp, ref_lp, atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads, ref_g, strict=True))
+
+
+def test_the_trainer_compiles_into_the_host_cache_not_the_job_temp_dir(tiny_model, tmp_path, monkeypatch):
+    """Torch puts inductor's cache under the temp dir; a job's own TMPDIR (SLURM, a container)
+    would hide it from the next run. A TORCHINDUCTOR_CACHE_DIR the user set is kept."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "job-tmp"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = load_model(str(tiny_model), "float32", torch.device("cpu"))
+    apply_compile(model)
+    assert Path(cache_dir()) == tmp_path / "cache/rlfleet/torchinductor"
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    apply_compile(model)
+    assert Path(cache_dir()) == tmp_path / "mine"
 
 
 def test_more_than_one_trainer_gpu_is_placed_and_launched_with_torchrun(tmp_path):

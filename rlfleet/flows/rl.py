@@ -37,7 +37,8 @@ from rlfleet.flows.server import hold_temporary_server
 from rlfleet.orchestrator.rollout import load_tokenizer
 from rlfleet.report import WandbSink, step_progress, trainer_speed, wandb_metrics, write_report
 from rlfleet.runs.configs import resolve, write_configs
-from rlfleet.runs.handles import RunHandles, started_early
+from rlfleet.runs.early import started_early
+from rlfleet.runs.handles import RunHandles
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
 from rlfleet.runs.logs import sync_logs
 from rlfleet.runs.recoveries import recoveries
@@ -55,7 +56,7 @@ from rlfleet.tasks.rl import (
 from rlfleet.tasks.storage import load_credentials_block
 from rlfleet.trainer.resume import discard_stale, resume_step
 from rlfleet.weights.tickets import forget_served
-from rlfleet.workers.leases import gpu_lease
+from rlfleet.workers.leases import run_lease
 
 
 @flow(name="rl", flow_run_name="{config.name}", log_prints=True)
@@ -66,7 +67,8 @@ def rl(config: RLConfig) -> State:
     # replicas `rlfleet rl` started for this run hold its ports: not a conflict
     cfg, placement = resolve(config, ports=not started_early(config.output_dir))
     tag_run(cfg)
-    with gpu_lease(placement.gpus), fleet_hold(cfg.fleet, cfg.output_dir):  # fleet: one run at a time
+    # the GPUs: held already where `rlfleet rl` took them; a fleet: one run at a time
+    with run_lease(cfg.output_dir, placement.gpus), fleet_hold(cfg.fleet, cfg.output_dir):
         summary = _run(cfg, placement, t0)
     first, last = summary["first3_mean_reward"], summary["last3_mean_reward"]
     change = "no steps run" if first is None else f"reward {first:.3f} -> {last:.3f}"

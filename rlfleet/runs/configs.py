@@ -16,7 +16,7 @@ from rlfleet.config.served import check_teacher_tokenizer
 from rlfleet.fleet.attach import attach, fleet_gpu_problems
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.runs.lock import reap_earlier_life
-from rlfleet.store import RunDir, layout, run_store
+from rlfleet.store import RunDir, RunStore, layout, run_store
 from rlfleet.store.writable import check_output_dir
 
 
@@ -44,6 +44,11 @@ def write_configs(cfg: RLConfig, placement: Placement) -> dict[str, str]:
         paths[name] = store.uri(layout.config(name))
     store.write_text(layout.PLACEMENT, placement.to_json())
     return paths
+
+
+def trainer_config(store: RunStore) -> Path:
+    """The trainer's config as its process reads it (`write_configs` puts it there)."""
+    return RunDir(store.local_dir).config("trainer")
 
 
 def preflight(cfg: RLConfig, ports: bool = True) -> Placement:
@@ -82,7 +87,7 @@ def check_served(cfg: RLConfig, ports: bool = True) -> list[str]:
 
 def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, Placement]:
     """The config a run executes (cores split, placement defaults filled) after its preflight, and
-    its placement: what the flow runs and what `vllm_started_early` starts. ports=True (a launch):
+    its placement: what the flow runs and what `runs/early.py` starts. ports=True (a launch):
     first reaps what a killed controller of this run left running. A run that names a fleet gets
     its replicas as `inference.urls` (fleet/attach.py)."""
     config = attach(config)

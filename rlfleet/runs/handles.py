@@ -5,15 +5,13 @@ the trainer or the rollout stream, and stops them in its `finally`. Nothing else
 second run in the same process (a test, a flow run retried from the UI) gets its own, and a task
 that runs after the close finds a shut pool that relaunches nothing.
 
-`rlfleet rl` starts a CPU run's vLLM replicas, and a fresh run's trainer, before Prefect's
-temporary server and the flow (`vllm_started_early`); the flow's `RunHandles` adopts them.
+`rlfleet rl` starts a run's vLLM replicas, and a fresh run's trainer, before Prefect's temporary
+server and the flow (runs/early.py); the flow's `RunHandles` adopts them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
 
 from rlfleet import judges
 from rlfleet.config.models import RLConfig
@@ -23,21 +21,13 @@ from rlfleet.orchestrator.stream import RolloutStream
 from rlfleet.orchestrator.teacher import Teacher
 from rlfleet.procs import kill_group
 from rlfleet.progress import Progress
-from rlfleet.runs.configs import resolve, write_configs
+from rlfleet.runs.configs import trainer_config
 from rlfleet.runs.dumps import processes
-from rlfleet.runs.lock import acquire_run_lock, release_run_lock
+from rlfleet.runs.early import adopt
 from rlfleet.runs.stalls import Stall, StallWatchdog
 from rlfleet.runs.waits import Diagnosis, ReplicaState, RunState, StreamState, replica_party
-from rlfleet.store import RunDir, RunStore, run_store
+from rlfleet.store import RunStore, run_store
 from rlfleet.trainer.launch import ExternalTrainer, TrainerProcess
-from rlfleet.trainer.resume import pristine
-
-# output_dir -> the pool `vllm_started_early` started for that run, until its flow adopts it
-_EARLY: dict[str, InferencePool] = {}
-# output_dir -> the trainer it started with them (a fresh run's only), until the flow adopts it
-_EARLY_TRAINER: dict[str, TrainerProcess] = {}
-# output_dir -> the [[served]] models' pools it started, by name
-_EARLY_SERVED: dict[str, dict[str, InferencePool]] = {}
 
 
 class RunHandles:
@@ -58,30 +48,16 @@ class RunHandles:
 
     @classmethod
     def for_run(cls, cfg: RLConfig, placement: Placement | None = None) -> RunHandles:
-        """Starts nothing: the `launch_inference_pool` and `start_trainer` tasks do. On multi_node
-        the trainer's ranks are the SLURM job's (started on its train nodes): waited on, never
-        launched."""
-        config_path = trainer_config(run_store(cfg.output_dir))
+        """Starts nothing: the `launch_inference_pool` and `start_trainer` tasks do, or adopt what
+        `rlfleet rl` started for this run (runs/early.py). On multi_node the trainer's ranks are the
+        SLURM job's (started on its train nodes): waited on, never launched."""
         kind = ExternalTrainer if cfg.deployment.type == "multi_node" else TrainerProcess
         job = cfg.inference_job(placement.inference_gpus if placement else [])  # None: no GPUs
         trainer_job = cfg.trainer_job(placement.trainer_gpus if placement else [])
-        pool = _EARLY.pop(cfg.output_dir, None)
-        if pool is not None and pool.cfg != job:  # started for another config: not this run's
-            pool.shutdown()
-            pool = None
-        trainer = _EARLY_TRAINER.pop(cfg.output_dir, None)
-        if trainer is not None and trainer.cfg != trainer_job:
-            trainer.stop()
-            trainer = None
-        early = _EARLY_SERVED.pop(cfg.output_dir, {})
-        served = {}
-        for sjob in cfg.served_jobs(placement.served_gpus if placement else {}):
-            p = early.pop(sjob.name, None)
-            served[sjob.name] = p if p is not None and p.cfg == sjob else InferencePool(sjob)
-            if p is not None and p is not served[sjob.name]:
-                p.shutdown()
-        for p in early.values():
-            p.shutdown()
+        served_jobs = cfg.served_jobs(placement.served_gpus if placement else {})
+        pool, trainer, early = adopt(cfg.output_dir, job, trainer_job, served_jobs)
+        served = {j.name: early.get(j.name) or InferencePool(j) for j in served_jobs}
+        config_path = trainer_config(run_store(cfg.output_dir))
         return cls(pool or InferencePool(job), trainer or kind(trainer_job, config_path), served)
 
     @property
@@ -200,58 +176,3 @@ def _kill(pids: list[int | None]) -> None:
     for pid in pids:
         if pid is not None:
             kill_group(pid, grace_s=1.0)  # SIGKILL reaches a frozen process too
-
-
-def trainer_config(store: RunStore) -> Path:
-    """The trainer's config as its process reads it (`write_configs` puts it there)."""
-    return RunDir(store.local_dir).config("trainer")
-
-
-def started_early(output_dir: str) -> bool:
-    """Whether `vllm_started_early` holds replicas for the run in `output_dir`, not yet adopted."""
-    return output_dir in _EARLY
-
-
-@contextmanager
-def vllm_started_early(config: RLConfig) -> Iterator[None]:
-    """Preflight `config`; on a CPU box, start its vLLM replicas now for the flow run inside the
-    `with` to adopt, instead of after Prefect's temporary server and the flow have started (about
-    20 s on 2 cores; vLLM's own start is the longest part of a run's first step).
-
-    A fresh run's trainer starts here too: its imports and model load took the cores from step
-    0's sampling when the flow started it. Only a fresh one: a resumed run's flow first removes the
-    dead life's work past its checkpoint (`discard_stale`), and an early trainer would already
-    train the kept batch and write the metrics that removes.
-
-    A run on GPUs starts nothing here: the flow leases its GPUs first (workers/leases.py), and
-    another run may hold them. What no flow adopted (it failed first, or resolved another config)
-    is stopped on the way out.
-    """
-    cfg, placement = resolve(config)
-    if placement.gpus or cfg.inference.urls or cfg.deployment.type != "single_node":
-        yield
-        return
-    store = run_store(cfg.output_dir)
-    acquire_run_lock(store)  # a second controller would reap the first one's replicas
-    pool = _EARLY[cfg.output_dir] = InferencePool(cfg.inference_job(placement.inference_gpus))
-    pool.start()
-    served = _EARLY_SERVED[cfg.output_dir] = {j.name: InferencePool(j) for j in cfg.served_jobs()}
-    for p in served.values():
-        p.start()
-    trainer = None
-    if pristine(store):
-        write_configs(cfg, placement)  # the trainer reads configs/trainer.toml
-        trainer = _EARLY_TRAINER[cfg.output_dir] = TrainerProcess(
-            cfg.trainer_job(placement.trainer_gpus), trainer_config(store)
-        )
-        trainer.ensure()
-    try:
-        yield
-    finally:
-        if _EARLY.pop(cfg.output_dir, None) is pool:
-            pool.shutdown()
-        for p in _EARLY_SERVED.pop(cfg.output_dir, {}).values():
-            p.shutdown()
-        if trainer is not None and _EARLY_TRAINER.pop(cfg.output_dir, None) is trainer:
-            trainer.stop()
-        release_run_lock(store)

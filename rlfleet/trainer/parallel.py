@@ -13,6 +13,7 @@ import functools
 import os
 import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -165,12 +166,25 @@ def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
         layer.forward = types.MethodType(forward, layer)
 
 
+def host_compile_cache() -> str:
+    """Where the trainer's compiled kernels (inductor's, triton's inside it) stay for the next run
+    on this host: `$TORCHINDUCTOR_CACHE_DIR` if set, else `~/.cache/rlfleet/torchinductor`
+    (XDG_CACHE_HOME honoured). Torch's default sits under the temp dir, which a SLURM job or a
+    container may give each job fresh."""
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(base) / "rlfleet" / "torchinductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
 def apply_compile(model: torch.nn.Module) -> None:
-    """Compile each decoder layer (one graph serves them all) and the LM head."""
+    """Compile each decoder layer (one graph serves them all) and the LM head, into the host's
+    compile cache."""
     import torch._dynamo
 
     from rlfleet.trainer.lm_head import compile_lm_head
 
+    host_compile_cache()
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     # MoE: the router hook's record (trainer/router.py) is a forward side effect; inside a checkpointed
     # layer dynamo breaks the graph unless it may skip replaying it in the backward, which is right
