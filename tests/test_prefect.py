@@ -89,7 +89,7 @@ def test_deploy_creates_the_deployments(worker):
             if d.work_pool_name == POOL
         }
         assert client.read_work_pool(POOL).type == "process"
-    assert set(deployments) == {"rl/main", "sft/main", "eval/scheduled", "ablation/main"}
+    assert set(deployments) == {"rl/main", "sft/main", "eval/scheduled", "ablation/main", "fleet/tiny"}
     (schedule,) = deployments["eval/scheduled"].schedules
     assert schedule.schedule.cron == "0 * * * *" and schedule.active is False  # off until the user enables it
     pull = deployments["rl/main"].pull_steps[0]["prefect.deployments.steps.set_working_directory"]

@@ -224,7 +224,7 @@ def test_deploy_outside_the_checkout_and_a_worker_runs_a_deployment(venv, prefec
             for d in client.read_deployments()
             if d.work_pool_name == POOL
         }
-    assert set(deployments) == {"rl/main", "sft/main", "eval/scheduled", "ablation/main"}
+    assert set(deployments) == {"rl/main", "sft/main", "eval/scheduled", "ablation/main", "fleet/tiny"}
     assert deployments["rl/main"].entrypoint == "rlfleet.flows.rl.rl"
     assert deployments["eval/scheduled"].entrypoint == "rlfleet.flows.eval.eval_flow"
     for d in deployments.values():

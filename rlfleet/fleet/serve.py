@@ -57,8 +57,9 @@ def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None
 def up(cfg: FleetConfig) -> int:
     """The `rlfleet fleet up` command: serve in the foreground, down on SIGTERM / SIGINT."""
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    if threading.current_thread() is threading.main_thread():  # only it may set handlers
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
     serve(cfg, stop)
     log.info("fleet %s down", cfg.name)
     return 0
