@@ -181,10 +181,14 @@ def apply_compile(model: torch.nn.Module) -> None:
     """Compile each decoder layer (one graph serves them all) and the LM head, into the host's
     compile cache."""
     import torch._dynamo
+    import torch._logging
 
     from rlfleet.trainer.lm_head import compile_lm_head
 
     host_compile_cache()
+    # each recompile and its reason (a guard that failed) in the trainer's log: a step that
+    # recompiles pays seconds, and the reason says which input changed
+    torch._logging.set_logs(recompiles=True)
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     # MoE: the router hook's record (trainer/router.py) is a forward side effect; inside a checkpointed
     # layer dynamo breaks the graph unless it may skip replaying it in the backward, which is right
