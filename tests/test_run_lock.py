@@ -55,6 +55,8 @@ def test_a_rerun_reaps_what_a_killed_controller_left_before_it_checks_the_ports(
         write_pidfile(run / "controller.pid", os.getppid())  # a live controller owns the run
         reap_earlier_life(str(tmp_path / "run"))
         assert pid_alive(run / "inference_0.pid") == orphan.pid  # not ours to kill
+        with pytest.raises(ConfigError, match=rf"already running \(controller pid {os.getppid()}\)"):
+            resolve(cfg)  # the live controller is the reason, not the port its replica holds
         (run / "controller.pid").write_text("999999999\n0\n")  # that controller was killed
 
         resolve(cfg)  # no "port in use": the orphan was reaped first

@@ -24,6 +24,7 @@ from typing import Any
 from prefect import flow, get_client, get_run_logger
 from prefect.futures import PrefectFuture, wait
 from prefect.runtime import flow_run
+from prefect.settings import PREFECT_UI_URL
 from prefect.states import Completed, State
 from prefect.utilities.annotations import quote
 
@@ -99,7 +100,9 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
     if start:
         log.info("resuming at step %d; discarded %s", start, discard_stale(store, start) or "nothing")
 
-    prefect_run = {"prefect_flow_run_id": str(flow_run.id), "prefect_flow_run_url": flow_run.ui_url}
+    prefect_run = {"prefect_flow_run_id": str(flow_run.id)}
+    if PREFECT_UI_URL.value():  # a UI to open; Prefect's temporary server has none ("None/flow-runs/...")
+        prefect_run["prefect_flow_run_url"] = flow_run.ui_url
     # wandb writes under <dir>/wandb; a remote store's local dir is its cache
     sink = WandbSink(
         cfg.wandb.mode,

@@ -15,8 +15,8 @@ from rlfleet.config.placement import Placement, check_gpus
 from rlfleet.config.served import check_teacher_tokenizer
 from rlfleet.fleet.attach import attach, fleet_gpu_problems
 from rlfleet.orchestrator.envs import check_envs
-from rlfleet.runs.lock import reap_earlier_life
-from rlfleet.store import RunDir, RunStore, layout, run_store
+from rlfleet.runs.lock import check_not_running, reap_earlier_life
+from rlfleet.store import RunDir, RunStore, layout, local_dir, run_store
 from rlfleet.store.writable import check_output_dir
 
 
@@ -91,6 +91,8 @@ def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, Placement]:
     first reaps what a killed controller of this run left running. A run that names a fleet gets
     its replicas as `inference.urls` (fleet/attach.py)."""
     config = attach(config)
+    if ports:  # a launch: a live controller of this run holds its ports; say that, not "port in use"
+        check_not_running(local_dir(config.output_dir), config.output_dir)
     # a launch that starts its own replicas (given urls, a SLURM job's steps own them and the
     # trainer): what a killed controller of this run left would hold their ports
     if ports and not config.inference.urls:

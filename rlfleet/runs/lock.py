@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from rlfleet.config.loader import ConfigError
 from rlfleet.procs import pid_alive, reap_pidfile, write_pidfile
@@ -14,11 +15,19 @@ def acquire_run_lock(store: RunStore) -> None:
 
     For a remote store the lock lives in this machine's cache, so it guards this machine only.
     """
-    lock = RunDir(store.local_dir).pidfile("controller")
-    owner = pid_alive(lock)
+    check_not_running(store.local_dir, store.url)
+    write_pidfile(RunDir(store.local_dir).pidfile("controller"), os.getpid())
+
+
+def check_not_running(local: str | Path, url: str) -> None:
+    """Refuse a second controller of a run while its first one lives, naming it; checked before
+    the run's ports, which that controller's replicas hold (the reason, not the symptom)."""
+    owner = pid_alive(RunDir(local).pidfile("controller"))
     if owner is not None and owner != os.getpid():
-        raise ConfigError(f"output_dir: {store.url} is in use by a running controller (pid {owner})")
-    write_pidfile(lock, os.getpid())
+        raise ConfigError(
+            f"output_dir: the run in {url} is already running (controller pid {owner}); "
+            "stop it, or give this run another output_dir"
+        )
 
 
 def adopt(store: RunStore, name: str, pid: int) -> None:
