@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import signal
@@ -41,6 +42,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TypedDict
 
+import httpx
 import psutil
 from chaos_checks import TAG, Check, leftovers, lineage
 from common import ROOT, free_port, table, tiny_model, write
@@ -79,12 +81,13 @@ class Fault(TypedDict):
 
 
 class Soak:
-    def __init__(self, args: argparse.Namespace, cmd: list[str], out: Path, env: dict[str, str]):
-        self.a, self.cmd, self.out, self.env = args, cmd, out, env
+    def __init__(self, args: argparse.Namespace, cmd: list[str], out: Path, env: dict[str, str], port: int):
+        self.a, self.cmd, self.out, self.env, self.port = args, cmd, out, env, port
         self.rng = random.Random(args.seed)
         self.store = RunStore(out)
         self.t0 = time.monotonic()
-        self.faults: list[Fault] = []
+        self.faults: list[Fault] = []  # one per signal sent at once (a reap's two kills are two)
+        self.injected = 0
         self.exits: list[int] = []  # each controller life's exit code
         self.hangs: list[str] = []
         self.stopped: list[tuple[Fault, psutil.Process, int, float]] = []  # fault, process, stalls, since
@@ -110,7 +113,14 @@ class Soak:
         return time.monotonic() - self.t0
 
     def steps_done(self) -> int:
-        return len(self.store.json_steps(layout.STEPS))
+        return len(self.names(layout.STEPS, "step_"))
+
+    def names(self, kind: str, prefix: str) -> list[str]:
+        """Entries of `<out>/<kind>/` starting with `prefix`: cheap enough to poll every 10 ms."""
+        try:
+            return [n for n in os.listdir(self.out / kind) if n.startswith(prefix)]
+        except OSError:
+            return []
 
     def finished(self) -> bool:
         return self.steps_done() >= self.a.max_steps and self.store.exists(layout.SUMMARY)
@@ -155,8 +165,12 @@ class Soak:
         except (LookupError, psutil.Error):
             return None
 
-    def inject(self) -> None:
-        kind = self.pick(KINDS)
+    def inject(self) -> bool:
+        """One fault of a random kind (`--kinds`: the next of that list); False if its part was not
+        running (between a death and its relaunch): it is tried again."""
+        before = len(self.faults)
+        kinds = self.a.kinds
+        kind = kinds[self.injected % len(kinds)] if kinds else self.pick(KINDS)
         if kind == "stop":
             self.stop()
         elif kind == "weight_load":
@@ -165,12 +179,15 @@ class Soak:
             self.at_moment(kind, self.checkpointing, ["trainer", "controller"])
         elif kind == "reap":
             self.reap()
-        elif kind == "two":
-            first = self.pick(PARTS)
-            second = self.pick({p: w for p, w in PARTS.items() if p != first})
-            self.kill(kind, [first, second])
+        elif kind == "two":  # of the parts running now
+            running = {p: w for p, w in PARTS.items() if self.process(p) is not None}
+            if len(running) >= 2:
+                first = self.pick(running)
+                self.kill(kind, [first, self.pick({p: w for p, w in running.items() if p != first})])
         else:
             self.kill(kind, [self.pick(PARTS)])
+        self.injected += len(self.faults) > before
+        return len(self.faults) > before
 
     def record(
         self, kind: str, sig: str, parts: list[str], procs: list[psutil.Process], moment=None
@@ -202,9 +219,14 @@ class Soak:
         return self.record(kind, "SIGKILL", [part for part, _ in found], [p for _, p in found], moment)
 
     def stop(self) -> None:
+        """SIGSTOP a part past its start: one frozen while starting is bounded by its start-up
+        timeout (`inference.startup_timeout_s`, the trainer's), not by the stall watchdog."""
         part = self.rng.choice(STOPPABLE)
         p = self.process(part)
-        if p is None:
+        try:
+            if p is None or not self.started(part, p) or p.status() == psutil.STATUS_STOPPED:
+                return
+        except psutil.Error:
             return
         stalls = len(self.stall_dirs())
         try:
@@ -213,6 +235,19 @@ class Soak:
             return
         f = self.record("stop", "SIGSTOP", [part], [p])
         self.stopped.append((f, p, stalls, time.monotonic()))
+
+    def started(self, part: str, p: psutil.Process) -> bool:
+        """The trainer has its model (`TRAINER_UP` since it began); a replica answers /health."""
+        if part == "trainer":
+            up = self.out / layout.TRAINER_UP
+            try:
+                return up.exists() and json.loads(up.read_text())["at"] >= p.create_time()
+            except (OSError, ValueError, KeyError):
+                return False
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def stall_dirs(self) -> list[Path]:
         return sorted((self.out / layout.STALLS).glob("*/summary.txt"))
@@ -238,12 +273,21 @@ class Soak:
             self.stopped.remove(entry)
 
     def loading(self) -> bool:
-        weights = self.store.complete_steps(layout.WEIGHTS)
-        served = served_step(self.store)
-        return bool(weights) and served is not None and weights[-1] > served
+        """The newest published weights are not served yet: the broadcast is loading them."""
+        steps = [s for n in self.names(layout.WEIGHTS, "step_") if (s := layout.step_of(n)) is not None]
+        if (
+            not steps
+            or not (self.out / layout.step_dir(layout.WEIGHTS, max(steps)) / layout.MANIFEST).exists()
+        ):
+            return False
+        try:
+            served = served_step(self.store)
+        except (OSError, ValueError):  # being rewritten
+            return False
+        return served is not None and max(steps) > served
 
     def checkpointing(self) -> bool:
-        return any((self.out / layout.CHECKPOINTS).glob(".tmp-step_*"))
+        return bool(self.names(layout.CHECKPOINTS, ".tmp-step_"))
 
     def at_moment(self, kind: str, moment, parts: list[str]) -> None:
         """SIGKILL a part of `parts` once `moment()` is true (polled every 10 ms), or at the wait's end."""
@@ -293,9 +337,9 @@ class Soak:
             while self.tick():
                 injecting = self.now() < self.a.duration_s and len(self.faults) < self.a.max_faults
                 if injecting and self.now() >= next_at and self.alive():
-                    self.inject()
-                    next_at = self.now() + self.rng.uniform(*self.a.gap_s)
-                time.sleep(0.05)
+                    done = self.inject()
+                    next_at = self.now() + (self.rng.uniform(*self.a.gap_s) if done else 0.5)
+                time.sleep(0.2)
         finally:
             for f, p, _, _ in self.stopped:  # never leave a frozen process behind
                 f["outcome"] = f["outcome"] or "not_recovered"
@@ -340,6 +384,12 @@ def main() -> None:
     )
     ap.add_argument("--max-steps", type=int, default=3000)
     ap.add_argument("--max-faults", type=int, default=10**9)
+    ap.add_argument(
+        "--kinds",
+        type=lambda v: v.split(","),
+        default=None,
+        help=f"faults in this order, cycled (of {list(KINDS)})",
+    )
     ap.add_argument("--gap-s", type=float, nargs=2, default=(20.0, 80.0), help="random gap between faults")
     ap.add_argument("--stall-timeout-s", type=float, default=20.0, help="the run's faults.stall_timeout_s")
     ap.add_argument("--hang-s", type=float, default=600.0, help="no step this long: a hang (a failure)")
@@ -347,6 +397,8 @@ def main() -> None:
     ap.add_argument("--workdir", help="where the run, its model and logs go (default: a new temp dir)")
     ap.add_argument("--out", required=True)
     a, overrides = ap.parse_known_args()
+    if a.kinds and (unknown := set(a.kinds) - set(KINDS)):
+        ap.error(f"--kinds: unknown {sorted(unknown)}; known: {list(KINDS)}")
     a.seed = random.randrange(2**32) if a.seed is None else a.seed
     print(f"chaos: seed {a.seed}", flush=True)
     work = Path(a.workdir or tempfile.mkdtemp(prefix="rlfleet-chaos-"))
@@ -370,7 +422,7 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # its own temporary server
     env |= {TAG: tag, "PREFECT_HOME": str(work / "prefect"), "PYTHONUNBUFFERED": "1"}
     print(f"chaos: run {out}, log {work / 'controller.log'}", flush=True)
-    soak = Soak(a, cmd, out, env)
+    soak = Soak(a, cmd, out, env, port)
     error = None
     try:
         soak.run()
