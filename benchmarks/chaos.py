@@ -123,7 +123,10 @@ class Soak:
             return []
 
     def finished(self) -> bool:
-        return self.steps_done() >= self.a.max_steps and self.store.exists(layout.SUMMARY)
+        """The last step is trained and the summary written (whether every step has its record
+        is for the end checks to say)."""
+        last = self.out / layout.step_json(layout.METRICS, self.a.max_steps - 1)
+        return last.exists() and self.store.exists(layout.SUMMARY)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -376,7 +379,16 @@ class Soak:
         }
 
 
+class Interrupted(Exception):
+    """SIGTERM to the soak (a background job ignores SIGINT): stop, then check and report."""
+
+
+def interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(f"signal {signum}")
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, interrupted)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=None, help="the fault schedule's seed (printed; replays it)")
     ap.add_argument(
