@@ -333,15 +333,28 @@ class Soak:
                 pass
         return found
 
+    def stepped_since(self, t: float) -> bool:
+        """A step record was written after wall time `t` (a new step, or one a rerun redid)."""
+        steps = [
+            s for n in self.names(layout.STEPS, "step_") if (s := layout.step_of(n, ".json")) is not None
+        ]
+        try:
+            return bool(steps) and (self.out / layout.step_json(layout.STEPS, max(steps))).stat().st_mtime > t
+        except OSError:
+            return False
+
     def run(self) -> None:
+        """Each fault waits for its random gap and for a step since the last one: faults faster
+        than a restart (~1 min here) would keep the run from ever stepping."""
         self.start()
-        next_at = self.rng.uniform(*self.a.gap_s)
+        next_at, last = self.rng.uniform(*self.a.gap_s), time.time()
         try:
             while self.tick():
                 injecting = self.now() < self.a.duration_s and len(self.faults) < self.a.max_faults
-                if injecting and self.now() >= next_at and self.alive():
+                if injecting and self.now() >= next_at and self.alive() and self.stepped_since(last):
                     done = self.inject()
                     next_at = self.now() + (self.rng.uniform(*self.a.gap_s) if done else 0.5)
+                    last = time.time() if done else last
                 time.sleep(0.2)
         finally:
             for f, p, _, _ in self.stopped:  # never leave a frozen process behind
