@@ -56,7 +56,8 @@ def _submit(command: str, cfg) -> int:
 
 def _rl(argv: Sequence[str]) -> int:
     from rlfleet.config.models import RLConfig
-    from rlfleet.runs.handles import vllm_started_early
+    from rlfleet.runs.handles import started_early, vllm_started_early
+    from rlfleet.store import run_store
 
     cfg = load(RLConfig, _dry_run(argv))
     if cfg.slurm is not None:
@@ -67,6 +68,11 @@ def _rl(argv: Sequence[str]) -> int:
         load_credentials_block()
     with vllm_started_early(cfg):  # preflight: fails in a second, before vLLM or Prefect start
         from rlfleet.flows.rl import rl
+
+        if started_early(cfg.output_dir):  # this process holds the run's lock: name the server at once
+            from rlfleet.flows.server import start_temporary_server
+
+            start_temporary_server(run_store(cfg.output_dir))
 
         summary = rl(config=cfg)
     print(json.dumps({k: v for k, v in summary.items() if k != "steps"}, indent=2))
