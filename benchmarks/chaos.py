@@ -51,6 +51,7 @@ from faults import victim
 from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
 from rlfleet.procs import pid_alive
+from rlfleet.runs.lock import reap_earlier_life
 from rlfleet.store import RunStore, layout
 from rlfleet.weights.tickets import served_step
 
@@ -459,6 +460,8 @@ def main() -> None:
     doc = soak.report(checks) | {"command": cmd, "workdir": str(work), "error": error}
     doc["passed"] = doc["passed"] and error is None
     write(a.out, doc)
+    if error is not None:  # the soak killed its controller: what a rerun would reap goes now
+        reap_earlier_life(str(out))
     table(
         f"chaos soak, seed {a.seed}: {doc['duration_s']:.0f} s, {doc['faults']} faults, {doc['restarts']} restarts",
         ["what", "count"],
