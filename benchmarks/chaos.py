@@ -345,14 +345,16 @@ class Soak:
             return False
 
     def run(self) -> None:
-        """Each fault waits for its random gap and for a step since the last one: faults faster
-        than a restart (~1 min here) would keep the run from ever stepping."""
+        """Each fault waits for its random gap and for a step since the last one, or
+        `--max-wait-s`: faults faster than a restart (1-2 min here) would keep the run from ever
+        stepping, and a loaded box from ever being faulted."""
         self.start()
         next_at, last = self.rng.uniform(*self.a.gap_s), time.time()
         try:
             while self.tick():
                 injecting = self.now() < self.a.duration_s and len(self.faults) < self.a.max_faults
-                if injecting and self.now() >= next_at and self.alive() and self.stepped_since(last):
+                ready = self.stepped_since(last) or time.time() - last > self.a.max_wait_s
+                if injecting and self.now() >= next_at and self.alive() and ready:
                     done = self.inject()
                     next_at = self.now() + (self.rng.uniform(*self.a.gap_s) if done else 0.5)
                     last = time.time() if done else last
@@ -417,6 +419,9 @@ def main() -> None:
         help=f"faults in this order, cycled (of {list(KINDS)})",
     )
     ap.add_argument("--gap-s", type=float, nargs=2, default=(20.0, 80.0), help="random gap between faults")
+    ap.add_argument(
+        "--max-wait-s", type=float, default=60.0, help="a fault waits this long at most for a step"
+    )
     ap.add_argument("--stall-timeout-s", type=float, default=20.0, help="the run's faults.stall_timeout_s")
     ap.add_argument("--hang-s", type=float, default=600.0, help="no step this long: a hang (a failure)")
     ap.add_argument("--max-restarts", type=int, default=10_000)
