@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import signal
@@ -42,18 +41,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TypedDict
 
-import httpx
 import psutil
 from chaos_checks import TAG, Check, leftovers, lineage
+from chaos_run import RunView
 from common import ROOT, free_port, table, tiny_model, write
-from faults import victim
 
 from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
 from rlfleet.procs import pid_alive
 from rlfleet.runs.lock import reap_earlier_life
-from rlfleet.store import RunStore, layout
-from rlfleet.weights.tickets import served_step
+from rlfleet.store import RunStore
 
 KINDS = {"kill": 40, "stop": 15, "weight_load": 10, "checkpoint_write": 10, "reap": 8, "two": 12}
 PARTS = {  # SIGKILL targets, by weight
@@ -85,7 +82,7 @@ class Soak:
     def __init__(self, args: argparse.Namespace, cmd: list[str], out: Path, env: dict[str, str], port: int):
         self.a, self.cmd, self.out, self.env, self.port = args, cmd, out, env, port
         self.rng = random.Random(args.seed)
-        self.store = RunStore(out)
+        self.view = RunView(out, port, args.max_steps)
         self.t0 = time.monotonic()
         self.faults: list[Fault] = []  # one per signal sent at once (a reap's two kills are two)
         self.injected = 0
@@ -113,22 +110,6 @@ class Soak:
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    def steps_done(self) -> int:
-        return len(self.names(layout.STEPS, "step_"))
-
-    def names(self, kind: str, prefix: str) -> list[str]:
-        """Entries of `<out>/<kind>/` starting with `prefix`: cheap enough to poll every 10 ms."""
-        try:
-            return [n for n in os.listdir(self.out / kind) if n.startswith(prefix)]
-        except OSError:
-            return []
-
-    def finished(self) -> bool:
-        """The last step is trained and the summary written (whether every step has its record
-        is for the end checks to say)."""
-        last = self.out / layout.step_json(layout.METRICS, self.a.max_steps - 1)
-        return last.exists() and self.store.exists(layout.SUMMARY)
-
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -136,7 +117,7 @@ class Soak:
         """Restart a gone controller, watch stops and hangs; False once the run has ended."""
         self.watch_stops()
         if self.alive():
-            if (s := self.steps_done()) != self.last_step:
+            if (s := self.view.steps_done()) != self.last_step:
                 self.last_step, self.last_step_at = s, time.monotonic()
             elif time.monotonic() - self.last_step_at > self.a.hang_s:
                 self.hangs.append(f"no step for {self.a.hang_s:.0f} s at step {s} ({self.now():.0f} s)")
@@ -146,7 +127,7 @@ class Soak:
             return True
         rc = self.proc.wait()
         self.exits.append(rc)
-        if rc == 0 and self.finished():
+        if rc == 0 and self.view.finished():
             return False
         if len(self.exits) > self.a.max_restarts:
             raise RuntimeError(f"{len(self.exits)} controller exits: giving up")
@@ -159,15 +140,9 @@ class Soak:
         return self.rng.choices(names, [weights[n] for n in names])[0]
 
     def process(self, part: str) -> psutil.Process | None:
-        try:
-            if part == "controller":
-                return psutil.Process(self.proc.pid) if self.alive() else None
-            if part == "prefect_server":
-                pid = pid_alive(self.out / "run/prefect_server.pid")
-                return None if pid is None else psutil.Process(pid)
-            return victim(self.out, part)
-        except (LookupError, psutil.Error):
-            return None
+        if part != "controller":
+            return self.view.part(part)
+        return psutil.Process(self.proc.pid) if self.alive() else None
 
     def inject(self) -> bool:
         """One fault of a random kind (`--kinds`: the next of that list); False if its part was not
@@ -178,9 +153,9 @@ class Soak:
         if kind == "stop":
             self.stop()
         elif kind == "weight_load":
-            self.at_moment(kind, self.loading, ["api_server", "engine_core", "controller"])
+            self.at_moment(kind, self.view.loading, ["api_server", "engine_core", "controller"])
         elif kind == "checkpoint_write":
-            self.at_moment(kind, self.checkpointing, ["trainer", "controller"])
+            self.at_moment(kind, self.view.checkpointing, ["trainer", "controller"])
         elif kind == "reap":
             self.reap()
         elif kind == "two":  # of the parts running now
@@ -203,7 +178,7 @@ class Soak:
             "parts": parts,
             "pids": [p.pid for p in procs],
             "moment": moment,
-            "step": self.steps_done(),
+            "step": self.view.steps_done(),
             "outcome": None,
         }
         self.faults.append(f)
@@ -228,33 +203,17 @@ class Soak:
         part = self.rng.choice(STOPPABLE)
         p = self.process(part)
         try:
-            if p is None or not self.started(part, p) or p.status() == psutil.STATUS_STOPPED:
+            if p is None or not self.view.started(part, p) or p.status() == psutil.STATUS_STOPPED:
                 return
         except psutil.Error:
             return
-        stalls = len(self.stall_dirs())
+        stalls = len(self.view.stall_dirs())
         try:
             p.send_signal(signal.SIGSTOP)
         except psutil.Error:
             return
         f = self.record("stop", "SIGSTOP", [part], [p])
         self.stopped.append((f, p, stalls, time.monotonic()))
-
-    def started(self, part: str, p: psutil.Process) -> bool:
-        """The trainer has its model (`TRAINER_UP` since it began); a replica answers /health."""
-        if part == "trainer":
-            up = self.out / layout.TRAINER_UP
-            try:
-                return up.exists() and json.loads(up.read_text())["at"] >= p.create_time()
-            except (OSError, ValueError, KeyError):
-                return False
-        try:
-            return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def stall_dirs(self) -> list[Path]:
-        return sorted((self.out / layout.STALLS).glob("*/summary.txt"))
 
     def watch_stops(self) -> None:
         """A stop is recovered when its process is gone and the watchdog wrote a stall since; one
@@ -267,7 +226,7 @@ class Soak:
             except psutil.Error:
                 gone = True
             if gone:
-                f["outcome"] = "recovered" if len(self.stall_dirs()) > stalls else "superseded"
+                f["outcome"] = "recovered" if len(self.view.stall_dirs()) > stalls else "superseded"
             elif time.monotonic() - since > limit:
                 f["outcome"] = "not_recovered"
                 print(f"chaos: stop of {f['parts']} not recovered in {limit:.0f} s; killing it", flush=True)
@@ -275,23 +234,6 @@ class Soak:
             else:
                 continue
             self.stopped.remove(entry)
-
-    def loading(self) -> bool:
-        """The newest published weights are not served yet: the broadcast is loading them."""
-        steps = [s for n in self.names(layout.WEIGHTS, "step_") if (s := layout.step_of(n)) is not None]
-        if (
-            not steps
-            or not (self.out / layout.step_dir(layout.WEIGHTS, max(steps)) / layout.MANIFEST).exists()
-        ):
-            return False
-        try:
-            served = served_step(self.store)
-        except (OSError, ValueError):  # being rewritten
-            return False
-        return served is not None and max(steps) > served
-
-    def checkpointing(self) -> bool:
-        return bool(self.names(layout.CHECKPOINTS, ".tmp-step_"))
 
     def at_moment(self, kind: str, moment, parts: list[str]) -> None:
         """SIGKILL a part of `parts` once `moment()` is true (polled every 10 ms), or at the wait's end."""
@@ -311,7 +253,7 @@ class Soak:
         if self.kill("reap", ["controller"]) is None:
             return
         self.exits.append(self.proc.wait())
-        left = self.leftovers()
+        left = self.view.leftovers()
         self.start()
         lock = self.out / "run/controller.pid"
         deadline = time.monotonic() + MOMENT_WAIT_S
@@ -323,27 +265,6 @@ class Soak:
                 return
             time.sleep(POLL_S)
 
-    def leftovers(self) -> list[psutil.Process]:
-        """What the run's pidfiles name alive (a dead controller's leftovers, for its rerun to reap)."""
-        found = []
-        for pidfile in (self.out / "run").glob("*.pid"):
-            try:
-                if (pid := pid_alive(pidfile)) is not None:
-                    found.append(psutil.Process(pid))
-            except psutil.Error:
-                pass
-        return found
-
-    def stepped_since(self, t: float) -> bool:
-        """A step record was written after wall time `t` (a new step, or one a rerun redid)."""
-        steps = [
-            s for n in self.names(layout.STEPS, "step_") if (s := layout.step_of(n, ".json")) is not None
-        ]
-        try:
-            return bool(steps) and (self.out / layout.step_json(layout.STEPS, max(steps))).stat().st_mtime > t
-        except OSError:
-            return False
-
     def run(self) -> None:
         """Each fault waits for its random gap and for a step since the last one, or
         `--max-wait-s`: faults faster than a restart (1-2 min here) would keep the run from ever
@@ -353,7 +274,7 @@ class Soak:
         try:
             while self.tick():
                 injecting = self.now() < self.a.duration_s and len(self.faults) < self.a.max_faults
-                ready = self.stepped_since(last) or time.time() - last > self.a.max_wait_s
+                ready = self.view.stepped_since(last) or time.time() - last > self.a.max_wait_s
                 if injecting and self.now() >= next_at and self.alive() and ready:
                     done = self.inject()
                     next_at = self.now() + (self.rng.uniform(*self.a.gap_s) if done else 0.5)
@@ -376,7 +297,7 @@ class Soak:
             "duration_s": round(self.now(), 1),
             "injecting_s": self.a.duration_s,
             "max_steps": self.a.max_steps,
-            "steps": self.steps_done(),
+            "steps": self.view.steps_done(),
             "faults": len(self.faults),
             "sigkills": len(kills),
             "sigstops": len(stops),
@@ -388,7 +309,7 @@ class Soak:
             "restarts": len(self.exits) - 1,
             "controller_exits": dict(Counter(str(rc) for rc in self.exits)),
             "hangs": self.hangs,
-            "stalls_written": len(self.stall_dirs()),
+            "stalls_written": len(self.view.stall_dirs()),
             "checks": checks,
             "passed": all(c["ok"] for c in checks) and not self.hangs,
             "fault_log": self.faults,
