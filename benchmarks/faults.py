@@ -102,17 +102,33 @@ def cuda_job(tmp: Path, overrides: list[str]) -> Callable[[Path, int], RLConfig]
 
 
 def victim(out: Path, fault: str) -> psutil.Process:
-    if fault == "trainer":
-        (trainer,) = psutil.Process(pid_alive(out / "run/trainer.pid")).children()
-        return trainer
-    guard = psutil.Process(pid_alive(out / "run/inference_0.pid"))
-    if fault == "guard":
-        return guard
-    (server,) = guard.children()
-    if fault == "api_server":
-        return server
-    (core,) = [c for c in server.children() if "EngineCore" in c.name()]
-    return core
+    """The process of `fault` (a part of the trainer or of vLLM replica 0) in the run at `out`;
+    LookupError while it is not running (between a death and its relaunch)."""
+
+    def only(procs: list[psutil.Process], what: str) -> psutil.Process:
+        if len(procs) != 1:
+            raise LookupError(f"{what}: {len(procs)} processes")
+        return procs[0]
+
+    def leader(pidfile: str) -> psutil.Process:
+        pid = pid_alive(out / "run" / pidfile)
+        if pid is None:  # psutil.Process(None) would be this very process
+            raise LookupError(f"run/{pidfile} names no live process")
+        return psutil.Process(pid)
+
+    try:
+        if fault in ("trainer", "trainer_guard"):
+            guard = leader("trainer.pid")
+            return guard if fault == "trainer_guard" else only(guard.children(), "trainer")
+        guard = leader("inference_0.pid")
+        if fault == "guard":
+            return guard
+        server = only(guard.children(), "api_server")
+        if fault == "api_server":
+            return server
+        return only([c for c in server.children() if "EngineCore" in c.name()], "engine_core")
+    except psutil.Error as e:
+        raise LookupError(f"{fault}: {e}") from e
 
 
 def in_flight(store: RunStore) -> dict[str, list[int]]:

@@ -57,7 +57,8 @@ def _submit(command: str, cfg) -> int:
 
 def _rl(argv: Sequence[str]) -> int:
     from rlfleet.config.models import RLConfig
-    from rlfleet.runs.early import early_start
+    from rlfleet.runs.early import early_start, started_early
+    from rlfleet.store import run_store
 
     cfg = load(RLConfig, _dry_run(argv))
     if cfg.slurm is not None:
@@ -68,6 +69,11 @@ def _rl(argv: Sequence[str]) -> int:
         load_credentials_block()
     with early_start(cfg):  # preflight (fails in a second), then vLLM and the trainer before Prefect
         from rlfleet.flows.rl import rl
+
+        if started_early(cfg.output_dir):  # this process holds the run's lock: name the server at once
+            from rlfleet.flows.server import start_temporary_server
+
+            start_temporary_server(run_store(cfg.output_dir))
 
         summary = rl(config=cfg)
     print(json.dumps({k: v for k, v in summary.items() if k != "steps"}, indent=2))

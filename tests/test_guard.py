@@ -57,3 +57,26 @@ def test_a_child_killed_outright_is_the_guards_exit_too(tmp_path):
     guard = start(pidfile)
     os.kill(child_pid(pidfile, guard), signal.SIGKILL)
     assert guard.wait(timeout=30) == -signal.SIGKILL
+
+
+# a child that starts a grandchild in the group (as vLLM's API server forks its engine core, which
+# keeps the server's listening socket), then sleeps; each writes its pid as CHILD does
+PARENT = (
+    "import os, subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', sys.argv[2], sys.argv[1] + '.grand']); "
+    "open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); os.rename(sys.argv[1] + '.tmp', sys.argv[1]); "
+    "time.sleep(600)"
+)
+
+
+def test_what_a_killed_child_leaves_in_the_group_dies_with_it(tmp_path):
+    """The API server SIGKILLed, its engine core (a grandchild of the guard, reparented to init)
+    must not outlive the guard: it held the replica's port, and requests hung in its backlog."""
+    pidfile = tmp_path / "child.pid"
+    cmd = [sys.executable, "-m", "rlfleet.guard", sys.executable, "-c", PARENT, str(pidfile), CHILD]
+    guard = subprocess.Popen(cmd, start_new_session=True)
+    child = child_pid(pidfile, guard)
+    grandchild = psutil.Process(child_pid(tmp_path / "child.pid.grand", guard))
+    os.kill(child, signal.SIGKILL)
+    assert guard.wait(timeout=30) == -signal.SIGKILL
+    grandchild.wait(timeout=10)  # raises psutil.TimeoutExpired if it outlived the guard

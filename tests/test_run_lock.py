@@ -109,3 +109,39 @@ def test_a_killed_controllers_temporary_prefect_server_is_reaped_by_the_rerun(tm
     server.wait(timeout=30)  # raises if it still runs
     assert not server.is_running()
     assert not (tmp_path / "run" / "run" / "prefect_server.pid").exists()
+
+
+STARTING_CONTROLLER = """
+import sys
+from rlfleet.flows.server import start_temporary_server
+from rlfleet.store import RunStore
+
+start_temporary_server(RunStore(sys.argv[1]))
+"""
+
+
+def test_a_controller_killed_while_prefects_server_starts_leaves_it_named(tmp_path):
+    """Killed in the ~15 s the temporary server takes to start, before any flow ran, the controller
+    has already named it (the chaos soak found such servers running unnamed); the rerun reaps it."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from rlfleet.procs import pid_alive, wait_until
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    pidfile = tmp_path / "run" / "run" / "prefect_server.pid"
+    child = subprocess.Popen([sys.executable, "-c", STARTING_CONTROLLER, str(tmp_path / "run")], env=env)
+    try:
+        server_pid = wait_until(lambda: pid_alive(pidfile), 120, 0.01, "the server to be named")
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    server = psutil.Process(server_pid)
+    assert server.is_running() and "uvicorn" in server.cmdline()  # Prefect's server, orphaned
+    reap_earlier_life(str(tmp_path / "run"))
+    server.wait(timeout=30)  # raises if it still runs
+    assert not pidfile.exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from dataclasses import asdict
 from typing import Any
 
@@ -346,6 +347,28 @@ def test_a_dead_sampling_thread_fails_one_take_and_the_retry_samples_again(tmp_p
             s.take(0)
         manifest = s.take(0).manifest
     assert len(manifest["group_uids"]) == 2 and manifest["stream"]["finished"] == 2
+
+
+@THREADED
+def test_the_stream_loading_its_tokenizer_is_starting_not_stalled(tmp_path, monkeypatch):
+    """transformers' imports took over 20 s on a loaded 2-core box (the chaos soak): meanwhile the
+    stream is starting, as a vLLM replica is, and the stall watchdog waits (`RunHandles.starting`)."""
+    from rlfleet.orchestrator import stream as module
+
+    fake = FakeSampling(monkeypatch, varied)
+    loading, loaded = threading.Event(), threading.Event()
+
+    def load_tokenizer(path: str) -> None:
+        loading.set()
+        loaded.wait(30)
+
+    monkeypatch.setattr(module, "load_tokenizer", load_tokenizer)
+    with running(RunStore(tmp_path), fake, batch_size=2, group_size=2) as s:
+        assert loading.wait(30)
+        assert s.progress.starting
+        loaded.set()
+        s.take(0)
+        assert not s.progress.starting
 
 
 @THREADED

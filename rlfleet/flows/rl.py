@@ -43,8 +43,16 @@ from rlfleet.runs.handles import RunHandles
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
 from rlfleet.runs.logs import sync_logs
 from rlfleet.runs.recoveries import recoveries
-from rlfleet.store import layout, run_store
-from rlfleet.store.records import RolloutManifest, StepRecord, TrainerMetrics, read_steps, write_step
+from rlfleet.store import RunStore, layout, run_store
+from rlfleet.store.records import (
+    RolloutManifest,
+    StepRecord,
+    TrainerMetrics,
+    read_metrics,
+    read_rollout_manifest,
+    read_steps,
+    write_step,
+)
 from rlfleet.tasks.eval import evaluate_policy
 from rlfleet.tasks.rl import (
     broadcast_weights,
@@ -99,6 +107,10 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
     start = resume_step(store)
     if start:
         log.info("resuming at step %d; discarded %s", start, discard_stale(store, start) or "nothing")
+        if restored := restore_step_records(store, start):
+            log.warning(
+                "steps %s were trained but had no record (the controller died first): rebuilt", restored
+            )
 
     prefect_run = {"prefect_flow_run_id": str(flow_run.id)}
     if PREFECT_UI_URL.value():  # a UI to open; Prefect's temporary server has none ("None/flow-runs/...")
@@ -255,12 +267,31 @@ def _step(
     if cfg.eval.interval and (step + 1) % cfg.eval.interval == 0:
         evaluated = evaluate_policy.with_options(**redo)(c, step, handles, wait_for=[edge(casted)])
         _lap(walls, "eval", t)
-    record: StepRecord = {
+    record = step_record(step, roll, metrics, cast, walls, time.perf_counter() - s0)
+    if router := {k.removeprefix("router/"): v for k, v in metrics.items() if k.startswith("router/")}:
+        record["router"] = router  # MoE: the router's load balance over the step (trainer/router.py)
+    if "shaping" in roll:  # orchestrator.shaping: groups dropped and refilled, overlong samples
+        record["shaping"] = roll["shaping"]
+    if evaluated is not None:
+        record["eval"] = {e["env"]: {k: e[k] for k in ("mean_reward", "pass@1")} for e in evaluated["envs"]}
+    return record, metrics, [edge(casted)]
+
+
+def step_record(
+    step: int,
+    roll: RolloutManifest,
+    metrics: TrainerMetrics,
+    cast: dict[str, Any] | None,
+    walls: dict[str, float],
+    seconds: float,
+) -> StepRecord:
+    """A step's record from its rollout, its trainer metrics and its broadcast (None: unknown)."""
+    return {
         "step": step,
         "mean_reward": roll["mean_reward"],
         "reward_errors": roll["reward_errors"],
         "env_metrics": roll["metrics"],
-        "step_seconds": time.perf_counter() - s0,
+        "step_seconds": seconds,
         "loss": metrics["loss"],
         "train_seconds": metrics["train_seconds"],
         "policy_step": roll["policy_step"],
@@ -271,19 +302,27 @@ def _step(
         "sample_seconds": roll["sample_seconds"],
         "num_completion_tokens": roll["num_completion_tokens"],
         "trainer_seconds": metrics["step_seconds"],
-        "broadcast_seconds": cast["seconds"],
-        "broadcast_parts": (cast["calls"] or [{}])[0],  # none when a regroup brought the step
+        "broadcast_seconds": cast["seconds"] if cast else 0.0,
+        "broadcast_parts": ((cast["calls"] if cast else None) or [{}])[0],  # none after a regroup
         "phase_seconds": walls,
         "stream": roll["stream"] | {"buffered_groups": roll["buffered_groups"]},
         "finished_at": time.time(),
     }
-    if router := {k.removeprefix("router/"): v for k, v in metrics.items() if k.startswith("router/")}:
-        record["router"] = router  # MoE: the router's load balance over the step (trainer/router.py)
-    if "shaping" in roll:  # orchestrator.shaping: groups dropped and refilled, overlong samples
-        record["shaping"] = roll["shaping"]
-    if evaluated is not None:
-        record["eval"] = {e["env"]: {k: e[k] for k in ("mean_reward", "pass@1")} for e in evaluated["envs"]}
-    return record, metrics, [edge(casted)]
+
+
+def restore_step_records(store: RunStore, start: int) -> list[int]:
+    """Write the record of each step before `start` that has none, from its rollout manifest and
+    trainer metrics: a controller killed between the step's checkpoint and its record leaves the
+    step trained, and the rerun resumes past it. What only the dead flow timed (its phases, the
+    broadcast) is unknown: empty."""
+    done, restored = set(store.json_steps(layout.STEPS)), []
+    for s in range(start):
+        roll, metrics = read_rollout_manifest(store, s), read_metrics(store, s)
+        if s in done or roll is None or metrics is None:
+            continue
+        write_step(store, step_record(s, roll, metrics, None, {}, metrics["step_seconds"]))
+        restored.append(s)
+    return restored
 
 
 def edge(dep: State | PrefectFuture) -> State | PrefectFuture:

@@ -187,7 +187,9 @@ class RolloutStream:
 
     async def _main(self) -> None:
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
-        tok = await asyncio.to_thread(load_tokenizer, self.model_path)
+        # transformers' imports: ~6 s, over 20 s on a loaded 2-core box; starting, not a stall
+        with self.progress.starting_up("the rollout stream"):
+            tok = await asyncio.to_thread(load_tokenizer, self.model_path)
         sampler = Sampler(
             self.replicas, self.cfg.temperature, self.cfg.stall_timeout_s, progress=self.progress
         )

@@ -1,0 +1,405 @@
+"""The chaos soak (issue 55): one long `rlfleet rl` run of the tiny CPU job meets random faults at
+random moments, is restarted by the same command whenever its controller is gone, and must end as
+if nothing had happened (benchmarks/chaos_checks.py: every step once, checkpoints loadable, no
+orphan, port or lock left).
+
+A seeded scheduler (the seed is printed first; `--seed` replays the schedule) waits a random gap,
+then injects one fault:
+- `kill`: SIGKILL of a random part: the controller (`rlfleet rl`), the trainer or its guard, vLLM
+  replica 0's guard, API server or engine core, Prefect's temporary server;
+- `stop`: SIGSTOP of the trainer, an API server or an engine core; the stall watchdog (the run's
+  `faults.stall_timeout_s`, lowered here) must diagnose and relaunch it. Counted apart: a stop is
+  recovered once the frozen process is gone and a new `stalls/` entry names it;
+- `weight_load`: SIGKILL of a replica part or the controller while weights are published and not
+  yet served (`weights/step_N` complete, `run/weights_served.json` older);
+- `checkpoint_write`: SIGKILL of the trainer or the controller while a checkpoint is staged
+  (`checkpoints/.tmp-step_N-*`);
+- `reap`: SIGKILL of the controller, then of its rerun right as the rerun reaps the dead life's
+  leftovers (the first of them exits);
+- `two`: SIGKILL of two parts at once.
+When `--duration-s` is up it stops injecting and lets the run finish. A controller that makes no
+step for `--hang-s` is a failure (recorded, killed, restarted).
+
+    python benchmarks/chaos.py --duration-s 7200 --max-steps 3000 --out benchmarks/results/chaos_cpu_2core.json
+
+Other `--section.key value` arguments go to the run's command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any, TypedDict
+
+import psutil
+from chaos_checks import TAG, Check, leftovers, lineage
+from chaos_run import RunView
+from common import ROOT, free_port, table, tiny_model, write
+
+from rlfleet.config.loader import load
+from rlfleet.config.models import RLConfig
+from rlfleet.procs import pid_alive
+from rlfleet.runs.lock import reap_earlier_life
+from rlfleet.store import RunStore
+
+KINDS = {"kill": 40, "stop": 15, "weight_load": 10, "checkpoint_write": 10, "reap": 8, "two": 12}
+PARTS = {  # SIGKILL targets, by weight
+    "controller": 10,
+    "trainer": 20,
+    "trainer_guard": 5,
+    "guard": 10,
+    "api_server": 20,
+    "engine_core": 20,
+    "prefect_server": 10,
+}
+STOPPABLE = ("trainer", "api_server", "engine_core")  # what the watchdog relaunches
+MOMENT_WAIT_S = 120.0  # a moment that does not come in this long: the fault goes in anyway
+POLL_S = 0.01
+
+
+class Fault(TypedDict):
+    at_s: float  # since the soak began
+    kind: str
+    signal: str
+    parts: list[str]
+    pids: list[int]
+    moment: str | None  # what was true when it went in ("missed": the moment did not come)
+    step: int  # steps done at the time
+    outcome: str | None  # a stop's: recovered, superseded, not_recovered
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace, cmd: list[str], out: Path, env: dict[str, str], port: int):
+        self.a, self.cmd, self.out, self.env, self.port = args, cmd, out, env, port
+        self.rng = random.Random(args.seed)
+        self.view = RunView(out, port, args.max_steps)
+        self.t0 = time.monotonic()
+        self.faults: list[Fault] = []  # one per signal sent at once (a reap's two kills are two)
+        self.injected = 0
+        self.exits: list[int] = []  # each controller life's exit code
+        self.hangs: list[str] = []
+        self.stopped: list[tuple[Fault, psutil.Process, int, float]] = []  # fault, process, stalls, since
+        self.log = open(out.parent / "controller.log", "ab")  # noqa: SIM115 - closed in run()
+        self.proc: subprocess.Popen | None = None
+        self.last_step, self.last_step_at = -1, time.monotonic()
+
+    # -- the run --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.log.write(f"\n=== chaos: controller start {len(self.exits)} at {self.now():.1f} s\n".encode())
+        self.log.flush()
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=ROOT,
+            env=self.env,
+        )
+        self.last_step_at = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tick(self) -> bool:
+        """Restart a gone controller, watch stops and hangs; False once the run has ended."""
+        self.watch_stops()
+        if self.alive():
+            if (s := self.view.steps_done()) != self.last_step:
+                self.last_step, self.last_step_at = s, time.monotonic()
+            elif time.monotonic() - self.last_step_at > self.a.hang_s:
+                self.hangs.append(f"no step for {self.a.hang_s:.0f} s at step {s} ({self.now():.0f} s)")
+                print(f"chaos: HANG {self.hangs[-1]}; killing the controller", flush=True)
+                self.proc.kill()
+                self.proc.wait()
+            return True
+        rc = self.proc.wait()
+        self.exits.append(rc)
+        if rc == 0 and self.view.finished():
+            return False
+        if len(self.exits) > self.a.max_restarts:
+            raise RuntimeError(f"{len(self.exits)} controller exits: giving up")
+        self.start()
+        return True
+
+    # -- faults ---------------------------------------------------------------------------------
+    def pick(self, weights: dict[str, int]) -> str:
+        names = list(weights)
+        return self.rng.choices(names, [weights[n] for n in names])[0]
+
+    def process(self, part: str) -> psutil.Process | None:
+        if part != "controller":
+            return self.view.part(part)
+        return psutil.Process(self.proc.pid) if self.alive() else None
+
+    def inject(self) -> bool:
+        """One fault of a random kind (`--kinds`: the next of that list); False if its part was not
+        running (between a death and its relaunch): it is tried again."""
+        before = len(self.faults)
+        kinds = self.a.kinds
+        kind = kinds[self.injected % len(kinds)] if kinds else self.pick(KINDS)
+        if kind == "stop":
+            self.stop()
+        elif kind == "weight_load":
+            self.at_moment(kind, self.view.loading, ["api_server", "engine_core", "controller"])
+        elif kind == "checkpoint_write":
+            self.at_moment(kind, self.view.checkpointing, ["trainer", "controller"])
+        elif kind == "reap":
+            self.reap()
+        elif kind == "two":  # of the parts running now
+            running = {p: w for p, w in PARTS.items() if self.process(p) is not None}
+            if len(running) >= 2:
+                first = self.pick(running)
+                self.kill(kind, [first, self.pick({p: w for p, w in running.items() if p != first})])
+        else:
+            self.kill(kind, [self.pick(PARTS)])
+        self.injected += len(self.faults) > before
+        return len(self.faults) > before
+
+    def record(
+        self, kind: str, sig: str, parts: list[str], procs: list[psutil.Process], moment=None
+    ) -> Fault:
+        f: Fault = {
+            "at_s": round(self.now(), 2),
+            "kind": kind,
+            "signal": sig,
+            "parts": parts,
+            "pids": [p.pid for p in procs],
+            "moment": moment,
+            "step": self.view.steps_done(),
+            "outcome": None,
+        }
+        self.faults.append(f)
+        print(
+            f"chaos: {f['at_s']:8.1f} s step {f['step']:4d} {kind} {sig} {'+'.join(parts)} {moment or ''}",
+            flush=True,
+        )
+        return f
+
+    def kill(self, kind: str, parts: list[str], moment: str | None = None) -> Fault | None:
+        found = [(part, p) for part in parts if (p := self.process(part)) is not None]
+        if not found:
+            return None
+        for _, p in found:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGKILL)
+        return self.record(kind, "SIGKILL", [part for part, _ in found], [p for _, p in found], moment)
+
+    def stop(self) -> None:
+        """SIGSTOP a part past its start: one frozen while starting is bounded by its start-up
+        timeout (`inference.startup_timeout_s`, the trainer's), not by the stall watchdog."""
+        part = self.rng.choice(STOPPABLE)
+        p = self.process(part)
+        try:
+            if p is None or not self.view.started(part, p) or p.status() == psutil.STATUS_STOPPED:
+                return
+        except psutil.Error:
+            return
+        stalls = len(self.view.stall_dirs())
+        try:
+            p.send_signal(signal.SIGSTOP)
+        except psutil.Error:
+            return
+        f = self.record("stop", "SIGSTOP", [part], [p])
+        self.stopped.append((f, p, stalls, time.monotonic()))
+
+    def watch_stops(self) -> None:
+        """A stop is recovered when its process is gone and the watchdog wrote a stall since; one
+        whose process died otherwise (its controller's death took it) is superseded."""
+        limit = 4 * self.a.stall_timeout_s + 120
+        for entry in list(self.stopped):
+            f, p, stalls, since = entry
+            try:
+                gone = p.status() == psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                gone = True
+            if gone:
+                f["outcome"] = "recovered" if len(self.view.stall_dirs()) > stalls else "superseded"
+            elif time.monotonic() - since > limit:
+                f["outcome"] = "not_recovered"
+                print(f"chaos: stop of {f['parts']} not recovered in {limit:.0f} s; killing it", flush=True)
+                p.send_signal(signal.SIGKILL)
+            else:
+                continue
+            self.stopped.remove(entry)
+
+    def at_moment(self, kind: str, moment, parts: list[str]) -> None:
+        """SIGKILL a part of `parts` once `moment()` is true (polled every 10 ms), or at the wait's end."""
+        part = self.rng.choice(parts)
+        deadline = time.monotonic() + MOMENT_WAIT_S
+        while self.alive() and time.monotonic() < deadline:
+            if moment():
+                self.kill(kind, [part], kind)
+                return
+            time.sleep(POLL_S)
+        if self.alive():
+            self.kill(kind, [part], "missed")
+
+    def reap(self) -> None:
+        """Kill the controller, restart it, and kill the rerun as the first leftover of the dead
+        life exits (the rerun's reap took it) or, with none, once the rerun holds the run's lock."""
+        if self.kill("reap", ["controller"]) is None:
+            return
+        self.exits.append(self.proc.wait())
+        left = self.view.leftovers()
+        self.start()
+        lock = self.out / "run/controller.pid"
+        deadline = time.monotonic() + MOMENT_WAIT_S
+        while self.alive() and time.monotonic() < deadline:
+            if (left and any(not p.is_running() for p in left)) or (
+                not left and pid_alive(lock) == self.proc.pid
+            ):
+                self.kill("reap", ["controller"], f"rerun reaping ({len(left)} leftovers)")
+                return
+            time.sleep(POLL_S)
+
+    def run(self) -> None:
+        """Each fault waits for its random gap and for a step since the last one, or
+        `--max-wait-s`: faults faster than a restart (1-2 min here) would keep the run from ever
+        stepping, and a loaded box from ever being faulted."""
+        self.start()
+        next_at, last = self.rng.uniform(*self.a.gap_s), time.time()
+        try:
+            while self.tick():
+                injecting = self.now() < self.a.duration_s and len(self.faults) < self.a.max_faults
+                ready = self.view.stepped_since(last) or time.time() - last > self.a.max_wait_s
+                if injecting and self.now() >= next_at and self.alive() and ready:
+                    done = self.inject()
+                    next_at = self.now() + (self.rng.uniform(*self.a.gap_s) if done else 0.5)
+                    last = time.time() if done else last
+                time.sleep(0.2)
+        finally:
+            for f, p, _, _ in self.stopped:  # never leave a frozen process behind
+                f["outcome"] = f["outcome"] or "not_recovered"
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(signal.SIGKILL)
+            if self.alive():
+                self.proc.kill()
+            self.log.close()
+
+    def report(self, checks: list[Check]) -> dict[str, Any]:
+        stops = [f for f in self.faults if f["signal"] == "SIGSTOP"]
+        kills = [f for f in self.faults if f["signal"] == "SIGKILL"]
+        return {
+            "seed": self.a.seed,
+            "duration_s": round(self.now(), 1),
+            "injecting_s": self.a.duration_s,
+            "max_steps": self.a.max_steps,
+            "steps": self.view.steps_done(),
+            "faults": len(self.faults),
+            "sigkills": len(kills),
+            "sigstops": len(stops),
+            "faults_by_kind": dict(Counter(f["kind"] for f in self.faults)),
+            "kills_by_part": dict(Counter(p for f in kills for p in f["parts"])),
+            "stops_by_part": dict(Counter(p for f in stops for p in f["parts"])),
+            "moments": dict(Counter(f"{f['kind']}: {f['moment']}" for f in self.faults if f["moment"])),
+            "sigstop_outcomes": dict(Counter(f["outcome"] for f in stops)),
+            "restarts": len(self.exits) - 1,
+            "controller_exits": dict(Counter(str(rc) for rc in self.exits)),
+            "hangs": self.hangs,
+            "stalls_written": len(self.view.stall_dirs()),
+            "checks": checks,
+            "passed": all(c["ok"] for c in checks) and not self.hangs,
+            "fault_log": self.faults,
+        }
+
+
+class Interrupted(Exception):
+    """SIGTERM to the soak (a background job ignores SIGINT): stop, then check and report."""
+
+
+def interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(f"signal {signum}")
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, interrupted)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=None, help="the fault schedule's seed (printed; replays it)")
+    ap.add_argument(
+        "--duration-s", type=float, default=7200, help="inject faults this long, then let the run end"
+    )
+    ap.add_argument("--max-steps", type=int, default=3000)
+    ap.add_argument("--max-faults", type=int, default=10**9)
+    ap.add_argument(
+        "--kinds",
+        type=lambda v: v.split(","),
+        default=None,
+        help=f"faults in this order, cycled (of {list(KINDS)})",
+    )
+    ap.add_argument("--gap-s", type=float, nargs=2, default=(20.0, 80.0), help="random gap between faults")
+    ap.add_argument(
+        "--max-wait-s", type=float, default=60.0, help="a fault waits this long at most for a step"
+    )
+    ap.add_argument("--stall-timeout-s", type=float, default=20.0, help="the run's faults.stall_timeout_s")
+    ap.add_argument("--hang-s", type=float, default=600.0, help="no step this long: a hang (a failure)")
+    ap.add_argument("--max-restarts", type=int, default=10_000)
+    ap.add_argument("--workdir", help="where the run, its model and logs go (default: a new temp dir)")
+    ap.add_argument("--out", required=True)
+    a, overrides = ap.parse_known_args()
+    if a.kinds and (unknown := set(a.kinds) - set(KINDS)):
+        ap.error(f"--kinds: unknown {sorted(unknown)}; known: {list(KINDS)}")
+    a.seed = random.randrange(2**32) if a.seed is None else a.seed
+    print(f"chaos: seed {a.seed}", flush=True)
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="rlfleet-chaos-"))
+    work.mkdir(parents=True, exist_ok=True)
+    out, port = work / "run", free_port()
+    args = [
+        "@", str(ROOT / "examples/tiny/rl.toml"),
+        "--model.path", str(tiny_model(work)),
+        "--output-dir", str(out),
+        "--max-steps", str(a.max_steps),
+        "--inference.port", str(port),
+        "--trainer.checkpoint-interval", "2",
+        "--tasks.retries", "3",
+        "--faults.stall-timeout-s", str(a.stall_timeout_s),
+        "--wandb.mode", "disabled",
+        *overrides,
+    ]  # fmt: skip
+    cfg = load(RLConfig, args)  # a bad override fails here
+    cmd = [sys.executable, "-m", "rlfleet.cli", "rl", *args]
+    tag = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # its own temporary server
+    env |= {TAG: tag, "PREFECT_HOME": str(work / "prefect"), "PYTHONUNBUFFERED": "1"}
+    print(f"chaos: run {out}, log {work / 'controller.log'}", flush=True)
+    soak = Soak(a, cmd, out, env, port)
+    error = None
+    try:
+        soak.run()
+    except Exception as e:  # noqa: BLE001 - the report says how the soak ended
+        error = repr(e)
+    store = RunStore(out)
+    ports = [port + i for i in range(cfg.inference.num_replicas)]
+    checks = leftovers(out, tag, ports) + lineage(store, a.max_steps, cfg.orchestrator.max_async_level)
+    doc = soak.report(checks) | {"command": cmd, "workdir": str(work), "error": error}
+    doc["passed"] = doc["passed"] and error is None
+    write(a.out, doc)
+    if error is not None:  # the soak killed its controller: what a rerun would reap goes now
+        reap_earlier_life(str(out))
+    table(
+        f"chaos soak, seed {a.seed}: {doc['duration_s']:.0f} s, {doc['faults']} faults, {doc['restarts']} restarts",
+        ["what", "count"],
+        [[f"SIGKILL {k}", v] for k, v in sorted(doc["kills_by_part"].items())]
+        + [[f"SIGSTOP {k}", v] for k, v in sorted(doc["stops_by_part"].items())]
+        + [[f"SIGSTOP {k}", v] for k, v in sorted(doc["sigstop_outcomes"].items())]
+        + [[f"fault kind {k}", v] for k, v in sorted(doc["faults_by_kind"].items())]
+        + [["restarts", doc["restarts"]], ["steps", doc["steps"]]],
+    )
+    table("end-state checks", ["check", "ok", "detail"], [[c["name"], c["ok"], c["detail"]] for c in checks])
+    sys.exit(0 if doc["passed"] else 1)
+
+
+if __name__ == "__main__":
+    main()
