@@ -48,7 +48,11 @@ def first_step(variant: str, model: Path, tmp: Path, i: int) -> dict[str, Any]:
     argv = ["@", str(JOB), "--model.path", str(model), "--output-dir", str(out), "--max-steps", "2"]
     argv += ["--inference.port", str(free_port()), "--wandb.mode", "disabled"]
     exe = [sys.executable, "-m", "rlfleet.cli", "rl"] if variant != "flow" else [sys.executable, "-c", FLOW]
-    env = os.environ | {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1"}  # as the CLI sets
+    env = os.environ | {  # as the CLI sets (rlfleet/cli.py `main`)
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "HF_HUB_OFFLINE": "1",
+    }
     env |= no_bytecode(tmp) if variant == "cli_no_bytecode" else {}
     log = tmp / f"{variant}_{i}.log"
     t0 = time.time()
