@@ -144,27 +144,32 @@ class Soak:
             return self.view.part(part)
         return psutil.Process(self.proc.pid) if self.alive() else None
 
-    def inject(self) -> bool:
+    def inject(self, controller_ok: bool = True) -> bool:
         """One fault of a random kind (`--kinds`: the next of that list); False if its part was not
-        running (between a death and its relaunch): it is tried again."""
+        running (between a death and its relaunch): it is tried again. Without `controller_ok`
+        (no step since the last fault) the controller is spared: its restart takes minutes on a
+        loaded box, and kills of it alone kept the run restarting for half an hour."""
         before = len(self.faults)
         kinds = self.a.kinds
         kind = kinds[self.injected % len(kinds)] if kinds else self.pick(KINDS)
+        parts = {p: w for p, w in PARTS.items() if controller_ok or p != "controller"}
+        ours = (lambda ps: ps) if controller_ok else (lambda ps: [p for p in ps if p != "controller"])
         if kind == "stop":
             self.stop()
         elif kind == "weight_load":
-            self.at_moment(kind, self.view.loading, ["api_server", "engine_core", "controller"])
+            self.at_moment(kind, self.view.loading, ours(["api_server", "engine_core", "controller"]))
         elif kind == "checkpoint_write":
-            self.at_moment(kind, self.view.checkpointing, ["trainer", "controller"])
+            self.at_moment(kind, self.view.checkpointing, ours(["trainer", "controller"]))
         elif kind == "reap":
-            self.reap()
+            if controller_ok:
+                self.reap()
         elif kind == "two":  # of the parts running now
-            running = {p: w for p, w in PARTS.items() if self.process(p) is not None}
+            running = {p: w for p, w in parts.items() if self.process(p) is not None}
             if len(running) >= 2:
                 first = self.pick(running)
                 self.kill(kind, [first, self.pick({p: w for p, w in running.items() if p != first})])
         else:
-            self.kill(kind, [self.pick(PARTS)])
+            self.kill(kind, [self.pick(parts)])
         self.injected += len(self.faults) > before
         return len(self.faults) > before
 
@@ -274,9 +279,10 @@ class Soak:
         try:
             while self.tick():
                 injecting = self.now() < self.a.duration_s and len(self.faults) < self.a.max_faults
-                ready = self.view.stepped_since(last) or time.time() - last > self.a.max_wait_s
+                stepped = self.view.stepped_since(last)
+                ready = stepped or time.time() - last > self.a.max_wait_s
                 if injecting and self.now() >= next_at and self.alive() and ready:
-                    done = self.inject()
+                    done = self.inject(controller_ok=stepped)
                     next_at = self.now() + (self.rng.uniform(*self.a.gap_s) if done else 0.5)
                     last = time.time() if done else last
                 time.sleep(0.2)

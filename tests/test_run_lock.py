@@ -145,3 +145,63 @@ def test_a_controller_killed_while_prefects_server_starts_leaves_it_named(tmp_pa
     reap_earlier_life(str(tmp_path / "run"))
     server.wait(timeout=30)  # raises if it still runs
     assert not pidfile.exists()
+
+
+KEEPING_CONTROLLER = """
+import sys
+from prefect import get_client
+from prefect.server.api.server import SubprocessASGIServer
+from rlfleet.flows.server import ServerKeeper, start_temporary_server
+from rlfleet.progress import Progress
+from rlfleet.store import RunStore
+
+store = RunStore(sys.argv[1])
+start_temporary_server(store)
+keeper = ServerKeeper(store, Progress()).start()
+with get_client(sync_client=True) as client:
+    client.read_flows()  # connected once, as a flow's client is: a refused connection is retried
+    print(SubprocessASGIServer().server_process.pid, flush=True)
+    sys.stdin.readline()  # the server is killed meanwhile
+    client.read_flows()  # retried until the server is back
+    print("answered after restarts:", keeper.restarts, flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_killed_temporary_server_comes_back_on_its_port_named(tmp_path):
+    """SIGKILLed under a running controller, Prefect's temporary server is started again on its
+    port: the client's calls go on (they failed the run minutes later before), and the new server
+    is the one the run's pidfile names, for a rerun to reap."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from rlfleet.procs import pid_alive
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"  # as `rlfleet` sets it: a busy box
+    pidfile = tmp_path / "run" / "run" / "prefect_server.pid"
+    child = subprocess.Popen(
+        [sys.executable, "-c", KEEPING_CONTROLLER, str(tmp_path / "run")],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = int(child.stdout.readline())
+        os.kill(first, signal.SIGKILL)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "answered after restarts: 1"
+        second = pid_alive(pidfile)
+        assert second is not None and second != first
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    server = psutil.Process(second)
+    reap_earlier_life(str(tmp_path / "run"))
+    server.wait(timeout=30)

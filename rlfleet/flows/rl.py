@@ -34,7 +34,7 @@ from rlfleet.config.placement import Placement
 from rlfleet.fleet.attach import fleet_hold
 from rlfleet.flows.artifacts import publish_summary, stall_reporter
 from rlfleet.flows.monitor import LiveArtifacts
-from rlfleet.flows.server import hold_temporary_server
+from rlfleet.flows.server import ServerKeeper, hold_temporary_server
 from rlfleet.orchestrator.rollout import load_tokenizer
 from rlfleet.report import WandbSink, step_progress, trainer_speed, wandb_metrics, write_report
 from rlfleet.runs.configs import resolve, write_configs
@@ -127,6 +127,7 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
     ahead: dict[int, PrefectFuture] = {}  # rollouts of later steps
     steps = read_steps(store)  # a resumed run's earlier steps stay on the curve
     run = RunHandles.for_run(cfg, placement)  # starts nothing; the tasks below do
+    keeper = ServerKeeper(store, run.progress).start()  # a killed temporary server comes back
     handles = quote(run)
     try:
         after: list[State] = []  # what the next rollout waits for
@@ -195,6 +196,7 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
                     secs=f"{record['step_seconds']:.1f}s/step",
                 )
     finally:
+        keeper.stop()
         run.stop_sampling()  # the stream, then the pool: a rollout waiting for its groups fails fast
         wait(list(ahead.values()), timeout=60)
         run.stop_trainer()
