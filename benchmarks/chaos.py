@@ -4,7 +4,8 @@ if nothing had happened (benchmarks/chaos_checks.py: every step once, checkpoint
 orphan, port or lock left).
 
 A seeded scheduler (the seed is printed first; `--seed` replays the schedule) waits a random gap,
-then injects one fault:
+and for a step since the last fault (at most `--max-wait-s`; without one the controller is
+spared), then injects one fault:
 - `kill`: SIGKILL of a random part: the controller (`rlfleet rl`), the trainer or its guard, vLLM
   replica 0's guard, API server or engine core, Prefect's temporary server;
 - `stop`: SIGSTOP of the trainer, an API server or an engine core; the stall watchdog (the run's
@@ -20,7 +21,8 @@ then injects one fault:
 When `--duration-s` is up it stops injecting and lets the run finish. A controller that makes no
 step for `--hang-s` is a failure (recorded, killed, restarted).
 
-    python benchmarks/chaos.py --duration-s 7200 --max-steps 3000 --out benchmarks/results/chaos_cpu_2core.json
+    nice -n 19 python benchmarks/chaos.py --duration-s 2160 --max-steps 200 --gap-s 10 40 \
+        --orchestrator.batch-size 8 --out benchmarks/results/chaos_cpu_2core.json
 
 Other `--section.key value` arguments go to the run's command.
 """
