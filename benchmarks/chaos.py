@@ -4,7 +4,8 @@ if nothing had happened (benchmarks/chaos_checks.py: every step once, checkpoint
 orphan, port or lock left).
 
 A seeded scheduler (the seed is printed first; `--seed` replays the schedule) waits a random gap,
-then injects one fault:
+and for a step since the last fault (at most `--max-wait-s`; without one the controller is
+spared), then injects one fault:
 - `kill`: SIGKILL of a random part: the controller (`rlfleet rl`), the trainer or its guard, vLLM
   replica 0's guard, API server or engine core, Prefect's temporary server;
 - `stop`: SIGSTOP of the trainer, an API server or an engine core; the stall watchdog (the run's
@@ -18,9 +19,11 @@ then injects one fault:
   leftovers (the first of them exits);
 - `two`: SIGKILL of two parts at once.
 When `--duration-s` is up it stops injecting and lets the run finish. A controller that makes no
-step for `--hang-s` is a failure (recorded, killed, restarted).
+step for `--hang-s` is a failure (recorded, killed, restarted), and so are ten controllers in a
+row that exit with a failure by themselves (both in the report's `hangs`).
 
-    python benchmarks/chaos.py --duration-s 7200 --max-steps 3000 --out benchmarks/results/chaos_cpu_2core.json
+    nice -n 19 python benchmarks/chaos.py --duration-s 2160 --max-steps 200 --gap-s 10 40 \
+        --orchestrator.batch-size 8 --out benchmarks/results/chaos_cpu_2core.json
 
 Other `--section.key value` arguments go to the run's command.
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import random
 import signal
@@ -65,6 +69,7 @@ PARTS = {  # SIGKILL targets, by weight
 STOPPABLE = ("trainer", "api_server", "engine_core")  # what the watchdog relaunches
 MOMENT_WAIT_S = 120.0  # a moment that does not come in this long: the fault goes in anyway
 POLL_S = 0.01
+FRUITLESS = 10  # controllers in a row that exit with a failure: the soak's finding
 
 
 class Fault(TypedDict):
@@ -131,6 +136,12 @@ class Soak:
             return False
         if len(self.exits) > self.a.max_restarts:
             raise RuntimeError(f"{len(self.exits)} controller exits: giving up")
+        # controllers that fail on their own, again and again, are a failure too (a port a dead
+        # life left held made every rerun exit 2 in the CPU soak): recorded once per streak
+        streak = len(list(itertools.takewhile(lambda rc: rc > 0, reversed(self.exits))))
+        if streak == FRUITLESS:
+            self.hangs.append(f"{streak} controllers in a row exited {rc} ({self.now():.0f} s)")
+            print(f"chaos: {self.hangs[-1]}", flush=True)
         self.start()
         return True
 

@@ -133,10 +133,36 @@ def this_process() -> dict[str, float]:
 
 
 def reap_pidfile(pidfile: Path) -> None:
-    """Kill the process tree a pidfile names (left by a controller that was killed), if still running."""
+    """Kill the process tree a pidfile names (left by a controller that was killed), if still
+    running; with its leader dead, what is left in the leader's process group."""
     if (pid := pid_alive(pidfile)) is not None:
         kill_group(pid)
+    else:
+        _kill_orphaned_group(pidfile)
     pidfile.unlink(missing_ok=True)
+
+
+def _kill_orphaned_group(pidfile: Path) -> None:
+    """SIGKILL the members of the dead leader's group and wait for them: a replica's guard and
+    its controller killed at once left vLLM's engine core (reparented to init) holding the
+    replica's port, and every rerun failed on it. The kernel reuses no pid that still names a
+    live group, so a process now holding the leader's pid means the group is gone."""
+    try:
+        pid_s, ctime_s = pidfile.read_text().split()
+        pid, ctime = int(pid_s), float(ctime_s)
+    except (OSError, ValueError):
+        return
+    with contextlib.suppress(psutil.Error):
+        if abs(psutil.Process(pid).create_time() - ctime) >= 1e-3:
+            return  # another process has the pid: not our group
+    members = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if p.pid != pid and os.getpgid(p.pid) == pid:
+                members.append(p)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    psutil.wait_procs(members, timeout=10)
 
 
 def wait_until(

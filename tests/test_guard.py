@@ -80,3 +80,24 @@ def test_what_a_killed_child_leaves_in_the_group_dies_with_it(tmp_path):
     os.kill(child, signal.SIGKILL)
     assert guard.wait(timeout=30) == -signal.SIGKILL
     grandchild.wait(timeout=10)  # raises psutil.TimeoutExpired if it outlived the guard
+
+
+def test_a_rerun_reaps_what_a_killed_guard_left_in_its_group(tmp_path):
+    """The guard and its owner killed at once: its child dies with it (parent-death signal) but a
+    grandchild, vLLM's engine core, lives on in the guard's group holding the replica's port, and
+    every rerun failed to start on it (the chaos soak). The rerun's reap kills the group."""
+    from rlfleet.procs import reap_pidfile, write_pidfile
+
+    pidfile = tmp_path / "child.pid"
+    cmd = [sys.executable, "-m", "rlfleet.guard", sys.executable, "-c", PARENT, str(pidfile), CHILD]
+    guard = subprocess.Popen(cmd, start_new_session=True)
+    run_pidfile = tmp_path / "inference_0.pid"
+    write_pidfile(run_pidfile, guard.pid)
+    child_pid(pidfile, guard)
+    grandchild = psutil.Process(child_pid(tmp_path / "child.pid.grand", guard))
+    os.kill(guard.pid, signal.SIGKILL)
+    guard.wait()
+    assert grandchild.is_running() and grandchild.ppid() != guard.pid  # the orphan
+    reap_pidfile(run_pidfile)
+    grandchild.wait(timeout=10)  # raises psutil.TimeoutExpired if the reap left it
+    assert not run_pidfile.exists()
