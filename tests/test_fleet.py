@@ -23,8 +23,9 @@ from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold
 from rlfleet.fleet.serve import serve
 from rlfleet.fleet.state import fleet_dir, mismatches, read_state, shape, write_state
 from rlfleet.inference.server import healthy
+from rlfleet.orchestrator.rollout import read_rollout
 from rlfleet.procs import pid_alive, wait_until
-from rlfleet.store import RunStore, layout
+from rlfleet.store import RunStore
 from rlfleet.store.records import read_steps
 from tests.helpers import free_port, prompt_logprobs, rl_config
 
@@ -141,7 +142,7 @@ def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefe
         b = rl(config=rl_config(tiny_model, out_b, max_steps=1, fleet="t"), return_state=True)
         assert b.is_completed(), b
         hf = AutoModelForCausalLM.from_pretrained(tiny_model)
-        first = _records(out_b, 0)[0]
+        first = read_rollout(RunStore(str(out_b)), 0)[0]
         ids = torch.tensor([first["input_ids"]])
         with torch.no_grad():
             ref = token_logprobs(hf(input_ids=ids).logits[:, :-1], ids[:, 1:])[0].tolist()
@@ -163,11 +164,6 @@ def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefe
         stop.set()
         thread.join(120)
     assert read_state("t") is None and not (fleet_dir() / "t.json").exists()
-
-
-def _records(out, step: int) -> list[dict]:
-    files = sorted((out / layout.step_dir(layout.ROLLOUTS, step)).glob("*.jsonl"))
-    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
 
 
 def test_a_run_on_a_fleet_starts_only_its_trainer_early(tiny_model, tmp_path, monkeypatch):
