@@ -63,7 +63,9 @@ def test_the_trainer_compiles_into_the_host_cache_not_the_job_temp_dir(tiny_mode
     would hide it from the next run. A TORCHINDUCTOR_CACHE_DIR the user set is kept."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    # "" reads as unset, and unlike delenv of an unset name it is undone at teardown (apply_compile
+    # writes the variable into this process)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")
     monkeypatch.setenv("TMPDIR", str(tmp_path / "job-tmp"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     model = load_model(str(tiny_model), "float32", torch.device("cpu"))
@@ -118,8 +120,11 @@ def test_two_gloo_ranks_match_one_process_and_resume_on_one(tiny_model, tmp_path
     # The HF export gathered on rank 0 is the same model the reference has after step 0.
     ref_model = load_model(str(ref / "checkpoints" / "step_0" / "model"), "float32", torch.device("cpu"))
     got_model = load_model(str(ckpt / "model"), "float32", torch.device("cpu"))
+    # Adam's first step moves each weight by about lr (1e-2) whatever its gradient's size, so float
+    # noise in a near-zero gradient (kernels compiled for another thread count, gloo's sum order)
+    # shows here as up to ~3e-4 on a few elements; a wrong gather or another step's state is off by ~lr
     for (name, a), b in zip(ref_model.state_dict().items(), got_model.state_dict().values(), strict=True):
-        assert torch.allclose(a, b, atol=1e-5), name
+        torch.testing.assert_close(b, a, atol=1e-3, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
 
     assert (dist2 / "checkpoints" / "step_1" / "dcp" / ".metadata").is_file()
     run_job(dist2, tiny_model, 3, None)  # resumes step 2 in one process from the 2-rank DCP checkpoint 1
