@@ -68,7 +68,7 @@ def main() -> None:
             "@",
             str(ROOT / "examples" / "tiny" / "fleet.toml"),
         ]
-        up += ["--model.path", str(model), "--inference.port", str(port)]
+        up += ["--model.path", str(model), "--inference.port", str(port), "--api-port", str(free_port())]
         t0 = time.time()
         fleet = subprocess.Popen(
             up, cwd=ROOT, env=env, stdout=(tmp / "fleet.log").open("w"), stderr=subprocess.STDOUT

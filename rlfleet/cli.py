@@ -57,12 +57,14 @@ def _submit(command: str, cfg) -> int:
 
 def _rl(argv: Sequence[str]) -> int:
     from rlfleet.config.models import RLConfig
+    from rlfleet.fleet.api import use_fleet_api
     from rlfleet.runs.early import early_start, started_early
     from rlfleet.store import run_store
 
     cfg = load(RLConfig, _dry_run(argv))
     if cfg.slurm is not None:
         return _submit("rl", cfg)
+    use_fleet_api(cfg)  # before anything imports Prefect
     if os.environ.get("RLFLEET_S3_CREDENTIALS_BLOCK"):  # S3 credentials from a Prefect block
         from rlfleet.tasks.storage import load_credentials_block
 

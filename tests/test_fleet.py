@@ -19,6 +19,7 @@ from rlfleet.config.fleet import FleetConfig
 from rlfleet.config.inference import InferenceConfig
 from rlfleet.config.loader import ConfigError
 from rlfleet.config.model import ModelConfig
+from rlfleet.fleet.api import FleetApi, check_api_port, use_fleet_api
 from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold
 from rlfleet.fleet.serve import serve
 from rlfleet.fleet.state import fleet_dir, mismatches, read_state, shape, write_state
@@ -127,6 +128,7 @@ def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefe
         assert ready.wait(300), "the fleet's replica did not serve"
         state = read_state("t")
         assert state is not None and (fleet_dir() / "t.json").is_file()
+        assert state["api_url"] == prefect_api  # a worker's API: the fleet's runs use it, none starts its own
         url, pidfile = state["urls"][0], fleet_dir() / "t" / "run" / "inference_0.pid"
         replica_pid = pid_alive(pidfile)
         prompt = [1, *range(40, 60)]
@@ -183,3 +185,37 @@ def test_a_run_on_a_fleet_starts_only_its_trainer_early(tiny_model, tmp_path, mo
     events.clear()
     with early_start(rl_config(tiny_model, tmp_path / "cold", max_steps=1)):
         assert events == ["vllm", "trainer"]
+
+
+def test_a_fleet_keeps_a_prefect_server_that_its_runs_use(tiny_model, tmp_path, monkeypatch):
+    """Without a worker's API the fleet starts Prefect's server and starts it again when it dies;
+    `rlfleet rl --fleet` points the run at it (no temporary server of its own), unless
+    PREFECT_API_URL names another."""
+    monkeypatch.setenv("PREFECT_API_URL", "")  # unset, and put back at teardown whatever use_fleet_api sets
+    port = free_port()
+    fleet = _fleet(tiny_model, free_port(), max_model_len=128).model_copy(update={"api_port": port})
+    api = FleetApi(fleet, tmp_path / "t").start()
+    try:
+        assert api.wait_ready() == f"http://127.0.0.1:{port}/api" and api.healthy()
+        assert check_api_port(fleet) == [
+            f"api_port: port {port} on 127.0.0.1 is in use (another Prefect server?)"
+        ]
+        assert (tmp_path / "t" / "prefect" / "prefect.db").is_file()  # its own home, not the user's
+
+        first = api.server.pid
+        os.kill(first, signal.SIGKILL)  # its guard: the server goes with it
+        wait_until(lambda: not api.server.alive(), 30, what="the server to die")
+        api.keep()
+        assert api.restarts == 1 and api.server.pid != first and api.healthy()
+
+        write_state("t", ["http://127.0.0.1:8400"], fleet.job(), api.url)
+        use_fleet_api(rl_config(tiny_model, tmp_path / "cold", max_steps=1))
+        assert not os.environ["PREFECT_API_URL"]  # a run on no fleet keeps its own
+        use_fleet_api(rl_config(tiny_model, tmp_path / "run", max_steps=1, fleet="t"))
+        assert os.environ["PREFECT_API_URL"] == api.url
+        monkeypatch.setenv("PREFECT_API_URL", "http://elsewhere:4200/api")
+        use_fleet_api(rl_config(tiny_model, tmp_path / "run", max_steps=1, fleet="t"))
+        assert os.environ["PREFECT_API_URL"] == "http://elsewhere:4200/api"
+    finally:
+        api.stop()
+    assert not api.server.alive() and not (tmp_path / "t" / "run" / "prefect_server.pid").exists()

@@ -23,6 +23,12 @@ class FleetConfig(Strict):
         default_factory=list, description="CUDA devices, tensor_parallel_size per replica; empty = CPU."
     )
     seed: int = Field(0, description="vLLM's seed: the fleet's, whichever run attaches.")
+    api_port: int = Field(
+        4280,
+        ge=1,
+        le=65535,
+        description="The Prefect server the fleet starts when PREFECT_API_URL is unset; attached runs use it.",
+    )
 
     @model_validator(mode="after")
     def _no_urls(self) -> FleetConfig:

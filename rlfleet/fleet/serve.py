@@ -1,7 +1,8 @@
-"""`rlfleet fleet up`: start the fleet's replicas, say where they are, keep them serving until
-SIGTERM or SIGINT (`rlfleet fleet down NAME` sends it). A replica that dies is relaunched by the
-pool's watch (inference/pool.py), from the base model; a run attached to it waits for it and
-loads its own weights on it again (`InferencePool._rejoin`)."""
+"""`rlfleet fleet up`: start the fleet's replicas and its Prefect API (fleet/api.py), say where they
+are, keep them serving until SIGTERM or SIGINT (`rlfleet fleet down NAME` sends it). A replica that
+dies is relaunched by the pool's watch (inference/pool.py), from the base model; a run attached to
+it waits for it and loads its own weights on it again (`InferencePool._rejoin`). A Prefect server
+that dies is started again here."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from rlfleet.config.fleet import FleetConfig
 from rlfleet.config.inference import check_ports
 from rlfleet.config.loader import ConfigError, raise_if
 from rlfleet.config.model import check_model
+from rlfleet.fleet.api import FleetApi, check_api_port
 from rlfleet.fleet.state import FleetState, fleet_dir, read_state, remove_state, write_state
 from rlfleet.inference.pool import InferencePool
 from rlfleet.procs import running, wait_until
 
 log = logging.getLogger("rlfleet.fleet")
+KEEP_S = 1.0  # how often the fleet looks at its Prefect server
 
 
 def preflight(cfg: FleetConfig) -> None:
@@ -27,31 +30,37 @@ def preflight(cfg: FleetConfig) -> None:
         raise ConfigError(
             f"name: fleet {cfg.name!r} is already up (pid {up['pid']}): `rlfleet fleet down {cfg.name}` first"
         )
-    raise_if(check_model(cfg.model) + check_ports(cfg.inference))
+    raise_if(check_model(cfg.model) + check_ports(cfg.inference) + check_api_port(cfg))
 
 
 def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None = None) -> FleetState:
     """Run the fleet until `stop` is set; returns the state it published."""
     preflight(cfg)
-    job = cfg.job(str(fleet_dir() / cfg.name))
-    pool = InferencePool(job)
+    home = fleet_dir() / cfg.name
+    job = cfg.job(str(home))
+    pool, api = InferencePool(job), FleetApi(cfg, home)
     try:
         pool.start()
-        state = write_state(cfg.name, pool.ensure(), job)
+        api.start()  # beside the replicas
+        urls = pool.ensure()
+        state = write_state(cfg.name, urls, job, api.wait_ready())
         log.info(
-            "fleet %s up: %s serving %s; runs attach with fleet = %r",
+            "fleet %s up: %s serving %s, Prefect API %s; runs attach with fleet = %r",
             cfg.name,
             ", ".join(state["urls"]),
             cfg.model.path,
+            state["api_url"],
             cfg.name,
         )
         if ready is not None:
             ready.set()
-        stop.wait()
+        while not stop.wait(KEEP_S):
+            api.keep()
         return state
     finally:
         remove_state(cfg.name)
         pool.shutdown()
+        api.stop()
 
 
 def up(cfg: FleetConfig) -> int:

@@ -29,6 +29,7 @@ class FleetState(TypedDict):
     gpu_ids: list[str]
     model: str
     server: dict[str, str]  # one replica's vLLM arguments that a run must match (`shape`)
+    api_url: str  # the Prefect API its runs use (fleet/api.py)
 
 
 def fleet_dir() -> Path:
@@ -62,7 +63,7 @@ def mismatches(fleet: dict[str, str], run: dict[str, str]) -> list[str]:
     ]
 
 
-def write_state(name: str, urls: list[str], job: InferenceJobConfig) -> FleetState:
+def write_state(name: str, urls: list[str], job: InferenceJobConfig, api_url: str = "") -> FleetState:
     """Written by the fleet's own process, once its replicas serve; atomic."""
     me = this_process()
     state: FleetState = {
@@ -73,6 +74,7 @@ def write_state(name: str, urls: list[str], job: InferenceJobConfig) -> FleetSta
         "gpu_ids": job.gpu_ids,
         "model": job.model.path,
         "server": shape(job),
+        "api_url": api_url,
     }
     path = state_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
