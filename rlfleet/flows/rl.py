@@ -27,6 +27,7 @@ from prefect.runtime import flow_run
 from prefect.settings import PREFECT_UI_URL
 from prefect.states import Completed, State
 from prefect.utilities.annotations import quote
+from prefect.utilities.urls import url_for
 
 from rlfleet.config.envs import env_name
 from rlfleet.config.models import RLConfig
@@ -114,7 +115,8 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
 
     prefect_run = {"prefect_flow_run_id": str(flow_run.id)}
     if PREFECT_UI_URL.value():  # a UI to open; Prefect's temporary server has none ("None/flow-runs/...")
-        prefect_run["prefect_flow_run_url"] = flow_run.ui_url
+        # the UI's own route (`runtime.flow_run.ui_url` gives /flow-runs/..., which Prefect 3's UI does not serve)
+        prefect_run["prefect_flow_run_url"] = url_for("flow-run", obj_id=flow_run.id)
     # wandb writes under <dir>/wandb; a remote store's local dir is its cache
     sink = WandbSink(
         cfg.wandb.mode,
