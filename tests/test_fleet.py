@@ -17,16 +17,19 @@ import torch
 
 from rlfleet.config.fleet import FleetConfig
 from rlfleet.config.inference import InferenceConfig
-from rlfleet.config.loader import ConfigError
+from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.model import ModelConfig
+from rlfleet.config.models import TrainerJobConfig
 from rlfleet.fleet.api import FleetApi, check_api_port, use_fleet_api
 from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold
 from rlfleet.fleet.serve import serve
 from rlfleet.fleet.state import fleet_dir, mismatches, read_state, shape, write_state
+from rlfleet.fleet.warm import WarmKeeper
 from rlfleet.inference.server import healthy
 from rlfleet.orchestrator.rollout import read_rollout
-from rlfleet.procs import pid_alive, wait_until
+from rlfleet.procs import pid_alive, running, wait_until
 from rlfleet.store import RunStore
+from rlfleet.store.layout import TRAINER_UP
 from rlfleet.store.records import read_steps
 from tests.helpers import free_port, prompt_logprobs, rl_config
 
@@ -76,6 +79,8 @@ def test_a_run_that_names_no_fleet_is_refused_a_fleets_gpus(tiny_model, tmp_path
         gpu_ids=["0", "1"],
     )
     write_state("g", ["http://127.0.0.1:8400", "http://127.0.0.1:8401"], on_gpus.job())
+    with pytest.raises(ValueError, match="trainer_gpu_ids: the warm trainer needs a GPU of its own"):
+        on_gpus.model_validate(on_gpus.model_dump() | {"trainer_gpu_ids": ["1"]})
     plain = rl_config(tiny_model, tmp_path / "run", max_steps=1)
     (problem,) = fleet_gpu_problems(plain, ["1", "2"])
     assert "GPUs 1 belong to fleet 'g'" in problem and 'fleet = "g"' in problem
@@ -110,10 +115,24 @@ def test_one_run_holds_a_fleet_at_a_time_and_its_death_gives_it_back(fleets):
 
 
 @pytest.mark.e2e
+def _warm_pid() -> int:
+    """The pid of the fleet's waiting trainer, once it says where it is."""
+    warm = fleet_dir() / "t" / "trainer" / "warm.json"
+    return wait_until(
+        lambda: warm.is_file() and json.loads(warm.read_text())["pid"], 120, what="a warm trainer"
+    )
+
+
+def _trainer_pid(out) -> int:
+    """The pid of the trainer that loaded the run's model (`run/trainer_up.json`)."""
+    return RunStore(str(out)).read_json(TRAINER_UP)["pid"]
+
+
 def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefect_api, tmp_path):
     """Run A trains on the fleet and leaves its weights on the replica; run B attaches next and its
     step 0 samples from the base model (its sampler's logprobs are the base model's, teacher-forced
-    by HF), not from A's weights. The replica is the one the fleet started, still serving after both;
+    by HF), not from A's weights. Each run's trainer is the warm one the fleet had waiting, and a
+    fresh one waits after each. The replica is the one the fleet started, still serving after both;
     killed, the fleet relaunches it from the base model."""
     from transformers import AutoModelForCausalLM
 
@@ -134,8 +153,11 @@ def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefe
         prompt = [1, *range(40, 60)]
         base = prompt_logprobs(url, prompt)
 
+        warm_a = _warm_pid()
         a = rl(config=rl_config(tiny_model, tmp_path / "a", max_steps=2, fleet="t"), return_state=True)
         assert a.is_completed(), a
+        assert _trainer_pid(tmp_path / "a") == warm_a, "run A started a trainer of its own"
+        warm_b = wait_until(lambda: (p := _warm_pid()) != warm_a and p, 120, what="a fresh warm trainer")
         assert max(abs(x - y) for x, y in zip(prompt_logprobs(url, prompt), base, strict=True)) > 1e-3, (
             "run A's weights stay on the fleet's replica after it ends: what B must not sample from"
         )
@@ -143,6 +165,7 @@ def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefe
         out_b = tmp_path / "b"
         b = rl(config=rl_config(tiny_model, out_b, max_steps=1, fleet="t"), return_state=True)
         assert b.is_completed(), b
+        assert _trainer_pid(out_b) == warm_b  # a fresh process: nothing of run A's trainer in it
         hf = AutoModelForCausalLM.from_pretrained(tiny_model)
         first = read_rollout(RunStore(str(out_b)), 0)[0]
         ids = torch.tensor([first["input_ids"]])
@@ -219,3 +242,57 @@ def test_a_fleet_keeps_a_prefect_server_that_its_runs_use(tiny_model, tmp_path, 
     finally:
         api.stop()
     assert not api.server.alive() and not (tmp_path / "t" / "run" / "prefect_server.pid").exists()
+
+
+def test_a_warm_trainer_taken_by_a_run_goes_with_its_controller_and_a_fresh_one_waits(tiny_model, tmp_path):
+    """A run's controller hands its trainer job to the fleet's warm trainer: it trains in the run's
+    log as the run's trainer, and when the controller is SIGKILLed it exits (as a trainer the run
+    started would); the fleet starts a fresh one, which no run has touched."""
+    keeper = WarmKeeper(tmp_path / "t", []).start()
+    try:
+        warm = json.loads(wait_until(lambda: _read(keeper.spool / "warm.json"), 120, what="a warm trainer"))
+        out = tmp_path / "run"
+        job = TrainerJobConfig(output_dir=str(out), max_steps=3, model=ModelConfig(path=str(tiny_model)))
+        (tmp_path / "trainer.toml").write_text(to_toml(job))
+        log_path, pidfile = out / "logs" / "trainer" / "rank_0.log", out / "run" / "trainer.pid"
+        controller = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys, time; from pathlib import Path; from rlfleet.fleet.warm import claim\n"
+                "t = claim(*map(Path, sys.argv[1:5]), {})\n"
+                "print(t.warm_pid if t else 0, flush=True); time.sleep(600)",
+                str(keeper.spool),
+                str(tmp_path / "trainer.toml"),
+                str(log_path),
+                str(pidfile),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert int(controller.stdout.readline()) == warm["pid"]
+        assert pid_alive(pidfile) == warm["pid"]  # the run's pidfile: a rerun's reap would find it
+        store = RunStore(str(out))
+        wait_until(lambda: store.exists(TRAINER_UP), 120, what="the taken trainer to load its model")
+        assert store.read_json(TRAINER_UP)["pid"] == warm["pid"]
+        assert "starting at step 0" in log_path.read_text()  # the run's log, not the fleet's
+
+        controller.kill()
+        controller.wait()
+        wait_until(
+            lambda: not running(warm["pid"], warm["started"]), 60, what="the trainer to go with its run"
+        )
+        wait_until(lambda: keeper.keep() or keeper.starts == 2, 30, what="a fresh warm trainer")
+        fresh = json.loads(wait_until(lambda: _read(keeper.spool / "warm.json"), 120, what="it to wait"))
+        assert fresh["pid"] != warm["pid"] and keeper.process.alive()
+        assert not (keeper.spool / "claimed.json").exists()
+    finally:
+        keeper.stop()
+    assert not keeper.process.alive()
+
+
+def _read(path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None

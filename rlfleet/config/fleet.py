@@ -23,6 +23,15 @@ class FleetConfig(Strict):
         default_factory=list, description="CUDA devices, tensor_parallel_size per replica; empty = CPU."
     )
     seed: int = Field(0, description="vLLM's seed: the fleet's, whichever run attaches.")
+    trainer: bool = Field(
+        True,
+        description="Keep a warm trainer process (imports paid, on `trainer_gpu_ids`) for each run to take.",
+    )
+    trainer_gpu_ids: list[str] = Field(
+        default_factory=list,
+        max_length=1,
+        description="The warm trainer's CUDA device; empty = CPU. A run whose trainer is placed elsewhere starts its own.",
+    )
     api_port: int = Field(
         4280,
         ge=1,
@@ -34,6 +43,8 @@ class FleetConfig(Strict):
     def _no_urls(self) -> FleetConfig:
         if self.inference.urls:
             raise ValueError("inference.urls: a fleet starts its own replicas")
+        if set(self.trainer_gpu_ids) & set(self.gpu_ids):
+            raise ValueError("trainer_gpu_ids: the warm trainer needs a GPU of its own, not a replica's")
         self.job()  # replicas x TP against gpu_ids
         return self
 

@@ -71,6 +71,9 @@ class TrainerJobConfig(_RunBase, WithLoss):
     )
     bench: BenchConfig = Field(default_factory=BenchConfig)
     gpu_ids: list[str] = Field(default_factory=list, description="CUDA devices of the trainer; empty = CPU.")
+    fleet: FleetName | None = Field(
+        None, description="The warm fleet whose waiting trainer takes this job, if its device is this one's."
+    )
 
 
 class InferenceJobConfig(Strict):
@@ -190,6 +193,7 @@ class RLConfig(_FlowRunBase, WithLoss):
             weights=self.weights,
             inference=self.inference,
             gpu_ids=gpu_ids or [],
+            fleet=self.fleet,
         )
 
     def inference_job(self, gpu_ids: list[str] | None = None) -> InferenceJobConfig:

@@ -2,7 +2,7 @@
 are, keep them serving until SIGTERM or SIGINT (`rlfleet fleet down NAME` sends it). A replica that
 dies is relaunched by the pool's watch (inference/pool.py), from the base model; a run attached to
 it waits for it and loads its own weights on it again (`InferencePool._rejoin`). A Prefect server
-that dies is started again here."""
+that dies is started again here, and a fresh warm trainer (fleet/warm.py) after each run's job."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from rlfleet.config.loader import ConfigError, raise_if
 from rlfleet.config.model import check_model
 from rlfleet.fleet.api import FleetApi, check_api_port
 from rlfleet.fleet.state import FleetState, fleet_dir, read_state, remove_state, write_state
+from rlfleet.fleet.warm import WarmKeeper
 from rlfleet.inference.pool import InferencePool
 from rlfleet.procs import running, wait_until
 
@@ -39,28 +40,37 @@ def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None
     home = fleet_dir() / cfg.name
     job = cfg.job(str(home))
     pool, api = InferencePool(job), FleetApi(cfg, home)
+    trainer = WarmKeeper(home, cfg.trainer_gpu_ids) if cfg.trainer else None
     try:
         pool.start()
         api.start()  # beside the replicas
+        if trainer is not None:
+            trainer.start()
         urls = pool.ensure()
-        state = write_state(cfg.name, urls, job, api.wait_ready())
+        spool = str(trainer.spool) if trainer is not None else ""
+        state = write_state(cfg.name, urls, job, api.wait_ready(), spool, cfg.trainer_gpu_ids)
         log.info(
-            "fleet %s up: %s serving %s, Prefect API %s; runs attach with fleet = %r",
+            "fleet %s up: %s serving %s, Prefect API %s, %s; runs attach with fleet = %r",
             cfg.name,
             ", ".join(state["urls"]),
             cfg.model.path,
             state["api_url"],
+            f"a warm trainer on {','.join(cfg.trainer_gpu_ids) or 'the CPU'}" if spool else "no warm trainer",
             cfg.name,
         )
         if ready is not None:
             ready.set()
         while not stop.wait(KEEP_S):
             api.keep()
+            if trainer is not None:
+                trainer.keep()
         return state
     finally:
         remove_state(cfg.name)
         pool.shutdown()
         api.stop()
+        if trainer is not None:
+            trainer.stop()
 
 
 def up(cfg: FleetConfig) -> int:

@@ -30,6 +30,8 @@ class FleetState(TypedDict):
     model: str
     server: dict[str, str]  # one replica's vLLM arguments that a run must match (`shape`)
     api_url: str  # the Prefect API its runs use (fleet/api.py)
+    trainer: str  # the warm trainer's spool directory (fleet/warm.py); "" when the fleet keeps none
+    trainer_gpu_ids: list[str]
 
 
 def fleet_dir() -> Path:
@@ -63,7 +65,14 @@ def mismatches(fleet: dict[str, str], run: dict[str, str]) -> list[str]:
     ]
 
 
-def write_state(name: str, urls: list[str], job: InferenceJobConfig, api_url: str = "") -> FleetState:
+def write_state(
+    name: str,
+    urls: list[str],
+    job: InferenceJobConfig,
+    api_url: str = "",
+    trainer: str = "",
+    trainer_gpu_ids: list[str] | None = None,
+) -> FleetState:
     """Written by the fleet's own process, once its replicas serve; atomic."""
     me = this_process()
     state: FleetState = {
@@ -75,6 +84,8 @@ def write_state(name: str, urls: list[str], job: InferenceJobConfig, api_url: st
         "model": job.model.path,
         "server": shape(job),
         "api_url": api_url,
+        "trainer": trainer,
+        "trainer_gpu_ids": trainer_gpu_ids or [],
     }
     path = state_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)

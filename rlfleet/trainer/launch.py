@@ -11,6 +11,7 @@ from typing import Any
 
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import DeterministicError, TransientError
+from rlfleet.fleet.warm import claim_from_fleet
 from rlfleet.procs import RANK_LOGS, ManagedProcess, python_module_cmd, wait_until
 from rlfleet.progress import Progress
 from rlfleet.store import RunDir, RunStore, local_dir, run_store
@@ -154,13 +155,29 @@ class TrainerProcess:
         args = ["trainer", "@", str(self.config_path)]
         n = len(self.cfg.gpu_ids)
         logs = here.logs("trainer")
-        self.process = ManagedProcess(
-            name="trainer",
-            cmd=torchrun_cmd(n, args) if n > 1 else python_module_cmd("rlfleet.cli", args),
-            log_path=rank_log(logs, 0),
-            pidfile=here.pidfile("trainer"),
-            env={**env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", RANK_LOGS: str(logs)},
-        ).start()
+        env |= {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", RANK_LOGS: str(logs)}
+        warm = (
+            claim_from_fleet(
+                self.cfg.fleet,
+                self.cfg.gpu_ids,
+                self.config_path,
+                rank_log(logs, 0),
+                here.pidfile("trainer"),
+                env,
+            )
+            if self.cfg.fleet and n <= 1
+            else None
+        )
+        self.process = (
+            warm
+            or ManagedProcess(
+                name="trainer",
+                cmd=torchrun_cmd(n, args) if n > 1 else python_module_cmd("rlfleet.cli", args),
+                log_path=rank_log(logs, 0),
+                pidfile=here.pidfile("trainer"),
+                env=env,
+            ).start()
+        )
         return died
 
     def wait_step(self, store: RunStore, step: int, timeout_s: float) -> TrainerMetrics:

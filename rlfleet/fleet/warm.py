@@ -1,0 +1,253 @@
+"""A fleet's warm trainer: a process that has paid a trainer's imports (torch, transformers, rlfleet's
+trainer: ~5-10 s on 2 cores, the trainer's whole start on a GPU host once vLLM is warm) and waits, on
+the fleet's trainer device, for one run's trainer job.
+
+A run on the fleet hands it its `trainer.toml` (`claim`). From then on the process is that run's
+trainer: its own process group (the run stops it, a rerun's reap kills it by the run's pidfile),
+the run's trainer log, and it exits with the job, or when the run's controller dies (as a trainer
+the run started does, by PR_SET_PDEATHSIG). The fleet then starts a fresh one: no model, optimizer
+or compiled graph passes from one run to the next.
+
+Files in `<fleet dir>/<name>/trainer/`: `warm.json` (the waiting process: pid and start time) and
+`job.json` (a run's hand-off; the process renames it to `claimed.json` as it takes it)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypedDict
+
+from rlfleet.fleet.state import read_state
+from rlfleet.procs import ManagedProcess, kill_group, running, this_process, wait_until, write_pidfile
+
+log = logging.getLogger("rlfleet.fleet")
+WARM, JOB, CLAIMED = "warm.json", "job.json", "claimed.json"
+CLAIM_TIMEOUT_S = 60.0  # a warm process still importing takes the job when its imports are done
+POLL_S = 0.05
+
+
+class Job(TypedDict):
+    config: str  # the run's trainer.toml
+    log: str  # the run's trainer log
+    exit_file: str  # where the process leaves its exit code for the run
+    env: dict[str, str]
+    controller: int  # the run's controller: the trainer goes when it goes
+    controller_started: float
+
+
+def _write(path: Path, data: object) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def clear(spool: Path) -> None:
+    """What a warm process that exited left; the fleet calls it before starting the next."""
+    spool.mkdir(parents=True, exist_ok=True)
+    for name in (WARM, JOB, CLAIMED):
+        (spool / name).unlink(missing_ok=True)
+
+
+def serve_one(spool: Path) -> int:
+    """The warm process: say where it is, pay the imports, take one job, run it, exit with it."""
+    _write(spool / WARM, this_process())
+    from rlfleet.config.loader import load
+    from rlfleet.config.models import TrainerJobConfig
+    from rlfleet.trainer.rl import run_trainer  # the imports a trainer pays, paid now
+
+    while True:
+        try:
+            os.rename(spool / JOB, spool / CLAIMED)  # atomic: taken once
+            break
+        except FileNotFoundError:
+            time.sleep(POLL_S)
+    job: Job = json.loads((spool / CLAIMED).read_text())
+    os.setsid()  # out of the fleet's process group: the run's trainer now
+    sys.stdout.flush(), sys.stderr.flush()
+    fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1), os.dup2(fd, 2)
+    os.environ.update(job["env"])
+    threading.Thread(
+        target=_die_with_controller, args=(job,), name="rlfleet-controller-watch", daemon=True
+    ).start()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    code = 1
+    try:  # what `rlfleet trainer @ trainer.toml` runs
+        run_trainer(load(TrainerJobConfig, ["@", job["config"]]))
+        code = 0
+    finally:
+        Path(job["exit_file"]).write_text(str(code))
+    return code
+
+
+def _die_with_controller(job: Job) -> None:
+    while running(job["controller"], job["controller_started"]):
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@dataclass
+class WarmTrainer(ManagedProcess):
+    """A claimed warm trainer, as the run's `TrainerProcess` handles its own: not the run's child,
+    so its liveness is by pid and start time, and its exit code is the one it left in `exit_file`."""
+
+    warm_pid: int = 0
+    started: float = 0.0
+    exit_file: Path = Path()
+
+    def start(self) -> WarmTrainer:
+        raise TypeError("a warm trainer is claimed, not started")
+
+    @property
+    def pid(self) -> int | None:
+        return self.warm_pid
+
+    def alive(self) -> bool:
+        return running(self.warm_pid, self.started)
+
+    def returncode(self) -> int | None:
+        if self.alive():
+            return None
+        try:
+            return int(self.exit_file.read_text())
+        except (OSError, ValueError):
+            return -int(signal.SIGKILL)  # killed before it could say
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.alive():
+            kill_group(self.warm_pid, grace_s)
+            wait_until(lambda: not self.alive(), grace_s + 5, POLL_S, what="the warm trainer to exit")
+        self.pidfile.unlink(missing_ok=True)
+
+
+def claim(
+    spool: Path, config: Path, log_path: Path, pidfile: Path, env: dict[str, str]
+) -> WarmTrainer | None:
+    """Hand the run's trainer job to the fleet's warm trainer; None when there is none to take it
+    (none up, or it died first): the run starts its own."""
+    try:
+        warm = json.loads((spool / WARM).read_text())
+    except (OSError, ValueError):
+        return None
+    if (spool / CLAIMED).exists() or not running(warm["pid"], warm["started"]):
+        return None  # another run's trainer now, or gone: the fleet starts a fresh one after it
+    exit_file = pidfile.with_suffix(".exit")
+    exit_file.unlink(missing_ok=True)
+    me = this_process()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    job: Job = {
+        "config": str(config),
+        "log": str(log_path),
+        "exit_file": str(exit_file),
+        "env": env,
+        "controller": int(me["pid"]),
+        "controller_started": me["started"],
+    }
+    _write(spool / JOB, job)
+    try:
+        wait_until(
+            lambda: not (spool / JOB).exists(),
+            CLAIM_TIMEOUT_S,
+            POLL_S,
+            what="the fleet's warm trainer to take the job",
+            abort=lambda: None if running(warm["pid"], warm["started"]) else "it exited",
+        )
+    except (TimeoutError, RuntimeError):
+        try:
+            (spool / JOB).unlink()
+            return None  # not taken: ours to start
+        except FileNotFoundError:
+            pass  # taken just now
+    write_pidfile(pidfile, warm["pid"])
+    return WarmTrainer(
+        name="trainer",
+        cmd=[],
+        log_path=log_path,
+        pidfile=pidfile,
+        warm_pid=warm["pid"],
+        started=warm["started"],
+        exit_file=exit_file,
+    )
+
+
+def claim_from_fleet(
+    fleet: str, gpu_ids: list[str], config: Path, log_path: Path, pidfile: Path, env: dict[str, str]
+) -> WarmTrainer | None:
+    """`claim` from fleet `fleet`'s warm trainer, where it keeps one on the trainer's device."""
+    state = read_state(fleet)
+    if state is None or not state.get("trainer"):
+        return None
+    if state["trainer_gpu_ids"] != gpu_ids:
+        log.info(
+            "fleet %s's warm trainer is on %s, this run's trainer on %s: starting its own",
+            fleet,
+            ",".join(state["trainer_gpu_ids"]) or "the CPU",
+            ",".join(gpu_ids) or "the CPU",
+        )
+        return None
+    taken = claim(Path(state["trainer"]), config, log_path, pidfile, env)
+    if taken is not None:
+        log.info("trainer: fleet %s's warm trainer (pid %d) took the job", fleet, taken.warm_pid)
+    return taken
+
+
+class WarmKeeper:
+    """The fleet's side: one warm trainer waiting at a time, a fresh one after each job. One that
+    exits without a job (it failed its imports) is started again after `RETRY_S`, its log named."""
+
+    RETRY_S = 30.0
+
+    def __init__(self, home: Path, gpu_ids: list[str]):
+        self.spool = home / "trainer"
+        env = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        if gpu_ids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
+        self.process = ManagedProcess(
+            name="trainer",
+            cmd=[sys.executable, "-m", "rlfleet.fleet.warm", str(self.spool)],
+            log_path=home / "logs" / "trainer" / "warm.log",
+            pidfile=home / "run" / "trainer.pid",
+            env=env,
+        )
+        self.starts = 0
+        self._retry_at = 0.0
+
+    def start(self) -> WarmKeeper:
+        clear(self.spool)
+        self.process.start()
+        self.starts += 1
+        return self
+
+    def keep(self) -> None:
+        """Start a fresh warm trainer once the last one is gone (it ran a run's job, or failed)."""
+        if self.process.alive() or time.monotonic() < self._retry_at:
+            return
+        if (self.spool / CLAIMED).exists():
+            log.info("the warm trainer ran a job (exit %s): starting a fresh one", self.process.returncode())
+        elif not self._retry_at:
+            self._retry_at = time.monotonic() + self.RETRY_S
+            log.warning(
+                "the warm trainer exited (%s) before any job; again in %.0f s. Log %s:\n%s",
+                self.process.returncode(),
+                self.RETRY_S,
+                self.process.log_path,
+                self.process.log_tail(),
+            )
+            return
+        self._retry_at = 0.0
+        self.start()
+
+    def stop(self) -> None:
+        self.process.stop()
+        clear(self.spool)
+
+
+if __name__ == "__main__":
+    sys.exit(serve_one(Path(sys.argv[1])))
