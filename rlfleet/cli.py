@@ -64,7 +64,7 @@ def _rl(argv: Sequence[str]) -> int:
     cfg = load(RLConfig, _dry_run(argv))
     if cfg.slurm is not None:
         return _submit("rl", cfg)
-    use_fleet_api(cfg)  # before anything imports Prefect
+    use_fleet_api(cfg.fleet)  # before anything imports Prefect
     if os.environ.get("RLFLEET_S3_CREDENTIALS_BLOCK"):  # S3 credentials from a Prefect block
         from rlfleet.tasks.storage import load_credentials_block
 
@@ -245,9 +245,11 @@ def _eval(argv: Sequence[str]) -> int:
     from rlfleet.config.inference import check_ports
     from rlfleet.config.model import check_model
     from rlfleet.config.models import EvalJobConfig
+    from rlfleet.fleet.api import use_fleet_api
 
     cfg = load(EvalJobConfig, argv)
-    raise_if(check_model(cfg.model) + check_ports(cfg.inference))
+    raise_if(check_model(cfg.model) + (check_ports(cfg.inference) if cfg.fleet is None else []))
+    use_fleet_api(cfg.fleet)
     from rlfleet.flows.eval import eval_flow
 
     print(json.dumps(eval_flow(config=cfg), indent=2))

@@ -19,7 +19,8 @@ from rlfleet.config.fleet import FleetConfig
 from rlfleet.config.inference import InferenceConfig
 from rlfleet.config.loader import ConfigError, to_toml
 from rlfleet.config.model import ModelConfig
-from rlfleet.config.models import TrainerJobConfig
+from rlfleet.config.models import EvalJobConfig, TrainerJobConfig
+from rlfleet.config.rollouts import EvalConfig
 from rlfleet.fleet.api import FleetApi, check_api_port, use_fleet_api
 from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold
 from rlfleet.fleet.serve import serve
@@ -136,7 +137,9 @@ def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefe
     killed, the fleet relaunches it from the base model."""
     from transformers import AutoModelForCausalLM
 
+    from rlfleet.flows.eval import eval_flow
     from rlfleet.flows.rl import rl
+    from rlfleet.trainer.files import checkpoint_model_path, latest_checkpoint
     from rlfleet.trainer.lm_head import token_logprobs
 
     fleet = _fleet(tiny_model, free_port(), max_model_len=128)
@@ -178,6 +181,24 @@ def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefe
         assert replica_pid is not None and pid_alive(pidfile) == replica_pid, (
             "the runs stopped the fleet's replica"
         )
+
+        # an eval of run A's latest checkpoint on the fleet: those weights, loaded on its replica
+        store_a = RunStore(str(tmp_path / "a"))
+        ev = eval_flow(
+            config=EvalJobConfig(
+                output_dir=str(tmp_path / "a"),
+                model=ModelConfig(path=str(tiny_model)),
+                inference=InferenceConfig(max_model_len=128),
+                eval=EvalConfig(num_examples=8),
+                fleet="t",
+            )
+        )
+        assert ev["step"] == latest_checkpoint(store_a)["step"] and ev["source"] == "eval"
+        ckpt = AutoModelForCausalLM.from_pretrained(checkpoint_model_path(store_a, ev["step"]))
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            want = token_logprobs(ckpt(input_ids=ids).logits[:, :-1], ids[:, 1:])[0].tolist()
+        assert max(abs(x - y) for x, y in zip(prompt_logprobs(url, prompt), want, strict=True)) < 1e-3
 
         os.kill(replica_pid, signal.SIGKILL)  # its guard: the server dies with it
         wait_until(
@@ -232,12 +253,12 @@ def test_a_fleet_keeps_a_prefect_server_that_its_runs_use(tiny_model, tmp_path, 
         assert api.restarts == 1 and api.server.pid != first and api.healthy()
 
         write_state("t", ["http://127.0.0.1:8400"], fleet.job(), api.url)
-        use_fleet_api(rl_config(tiny_model, tmp_path / "cold", max_steps=1))
+        use_fleet_api(rl_config(tiny_model, tmp_path / "cold", max_steps=1).fleet)
         assert not os.environ["PREFECT_API_URL"]  # a run on no fleet keeps its own
-        use_fleet_api(rl_config(tiny_model, tmp_path / "run", max_steps=1, fleet="t"))
+        use_fleet_api(rl_config(tiny_model, tmp_path / "run", max_steps=1, fleet="t").fleet)
         assert os.environ["PREFECT_API_URL"] == api.url
         monkeypatch.setenv("PREFECT_API_URL", "http://elsewhere:4200/api")
-        use_fleet_api(rl_config(tiny_model, tmp_path / "run", max_steps=1, fleet="t"))
+        use_fleet_api(rl_config(tiny_model, tmp_path / "run", max_steps=1, fleet="t").fleet)
         assert os.environ["PREFECT_API_URL"] == "http://elsewhere:4200/api"
     finally:
         api.stop()

@@ -129,6 +129,11 @@ class EvalJobConfig(Strict):
     inference: InferenceConfig = Field(
         default_factory=lambda: InferenceConfig(port=8300), description="The eval's own vLLM (port 8300)."
     )
+    fleet: FleetName | None = Field(
+        None,
+        description="Evaluate on this warm fleet's replicas (the checkpoint loaded on them) instead of "
+        "starting vLLM; waits while a run holds the fleet.",
+    )
 
 
 class _FlowRunBase(_RunBase):

@@ -17,7 +17,6 @@ import httpx
 
 from rlfleet.config.fleet import FleetConfig
 from rlfleet.config.inference import port_free
-from rlfleet.config.models import RLConfig
 from rlfleet.fleet.state import read_state
 from rlfleet.procs import ManagedProcess, wait_until
 
@@ -104,12 +103,12 @@ class FleetApi:
             self.server.stop()
 
 
-def use_fleet_api(cfg: RLConfig) -> None:
-    """A run on a fleet uses the fleet's Prefect API, unless PREFECT_API_URL names another. Set
-    before Prefect is first imported: it reads its settings once."""
-    if cfg.fleet is None or os.environ.get("PREFECT_API_URL"):
+def use_fleet_api(fleet: str | None) -> None:
+    """A run or an eval on a fleet uses the fleet's Prefect API, unless PREFECT_API_URL names
+    another. Set before Prefect is first imported: it reads its settings once."""
+    if fleet is None or os.environ.get("PREFECT_API_URL"):
         return
-    state = read_state(cfg.fleet)
+    state = read_state(fleet)
     if state is not None and state.get("api_url"):
         os.environ["PREFECT_API_URL"] = state["api_url"]
-        log.info("run on fleet %s's Prefect API, %s", cfg.fleet, state["api_url"])
+        log.info("on fleet %s's Prefect API, %s", fleet, state["api_url"])

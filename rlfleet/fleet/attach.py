@@ -17,7 +17,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from rlfleet.config.inference import InferenceConfig
 from rlfleet.config.loader import ConfigError
+from rlfleet.config.model import ModelConfig
 from rlfleet.config.models import InferenceJobConfig, RLConfig
 from rlfleet.config.weights import FILES
 from rlfleet.fleet.state import fleet_dir, live_fleets, mismatches, read_state, shape
@@ -26,33 +28,39 @@ from rlfleet.weights.controller import Ticket
 log = logging.getLogger("rlfleet.fleet")
 
 
+def fleet_urls(name: str, model: ModelConfig, inference: InferenceConfig, seed: int) -> list[str]:
+    """Fleet `name`'s replicas, for a run or an eval whose own replicas would be `model` served as
+    `inference`; a ConfigError when the fleet is not up or serves differently."""
+    state = read_state(name)
+    if state is None:
+        raise ConfigError(
+            f"fleet: {name!r} is not up (no live fleet of that name in {fleet_dir()}); "
+            f"start it with `rlfleet fleet up @ fleet.toml`"
+        )
+    if inference.urls:
+        raise ConfigError("fleet, inference.urls: name one; a fleet gives its own replicas' urls")
+    one = InferenceJobConfig(
+        model=model,
+        seed=seed,
+        inference=inference.model_copy(update={"num_replicas": 1}),
+        gpu_ids=state["gpu_ids"][: inference.tensor_parallel_size],
+    )
+    if diffs := mismatches(state["server"], shape(one)):
+        raise ConfigError(
+            f"fleet: {name!r} serves with other vLLM arguments than this run's replicas would "
+            "(set the run's [model]/[inference] as the fleet's, or start a fleet for it):\n  "
+            + "\n  ".join(diffs)
+        )
+    return state["urls"]
+
+
 def attach(cfg: RLConfig) -> RLConfig:
     """`cfg` with its fleet's replicas as `inference.urls` (unchanged when it names none)."""
     if cfg.fleet is None:
         return cfg
-    state = read_state(cfg.fleet)
-    if state is None:
-        raise ConfigError(
-            f"fleet: {cfg.fleet!r} is not up (no live fleet of that name in {fleet_dir()}); "
-            f"start it with `rlfleet fleet up @ fleet.toml`"
-        )
-    if cfg.inference.urls:
-        raise ConfigError("fleet, inference.urls: name one; a fleet gives its own replicas' urls")
-    tp = cfg.inference.tensor_parallel_size
-    one = InferenceJobConfig(
-        model=cfg.model,
-        seed=cfg.seed,
-        inference=cfg.inference.model_copy(update={"num_replicas": 1}),
-        gpu_ids=state["gpu_ids"][:tp],
-    )
-    if diffs := mismatches(state["server"], shape(one)):
-        raise ConfigError(
-            f"fleet: {cfg.fleet!r} serves with other vLLM arguments than this run's replicas would "
-            "(set the run's [model]/[inference] as the fleet's, or start a fleet for it):\n  "
-            + "\n  ".join(diffs)
-        )
+    urls = fleet_urls(cfg.fleet, cfg.model, cfg.inference, cfg.seed)
     data = cfg.model_dump()
-    data["inference"] |= {"urls": state["urls"], "num_replicas": len(state["urls"])}
+    data["inference"] |= {"urls": urls, "num_replicas": len(urls)}
     return RLConfig.model_validate(data)  # the rules on urls (weight transports) hold for it too
 
 
@@ -72,7 +80,12 @@ def fleet_gpu_problems(cfg: RLConfig, gpus: list[str]) -> list[str]:
 def base_ticket(cfg: RLConfig) -> Ticket:
     """The run's initial weights as a filesystem load: what a fresh run attached to a fleet loads
     first, whatever the fleet's last run left on its replicas."""
-    return {"transport": FILES, "step": -1, "path": str(cfg.model.path)}
+    return model_ticket(-1, str(cfg.model.path))
+
+
+def model_ticket(step: int, model_dir: str) -> Ticket:
+    """A filesystem load of the model in `model_dir` as step `step` (-1: a base model)."""
+    return {"transport": FILES, "step": step, "path": model_dir}
 
 
 @contextmanager

@@ -1,4 +1,5 @@
-"""Flow `eval`: a checkpoint (latest, a step, or the base model) through its own vLLM servers.
+"""Flow `eval`: a checkpoint (latest, a step, or the base model) through its own vLLM servers, or
+loaded on a warm fleet's (`fleet = NAME`).
 
 The result lands in the run store (`evals/step_N.json`) and as a table artifact; deployment
 `eval/scheduled` runs it on a cron schedule against a live run's output_dir.
@@ -22,9 +23,8 @@ from rlfleet.tasks.eval import evaluate_checkpoint
 
 @flow(name="eval", flow_run_name="eval-{config.output_dir}-{config.checkpoint}")
 def eval_flow(config: EvalJobConfig) -> dict[str, Any]:
-    raise_if(
-        check_model(config.model) + check_ports(config.inference) + check_envs(config.eval.env, "eval.env")
-    )
+    ports = check_ports(config.inference) if config.fleet is None else []  # a fleet's replicas serve already
+    raise_if(check_model(config.model) + ports + check_envs(config.eval.env, "eval.env"))
     record = evaluate_checkpoint.with_options(
         retries=1, timeout_seconds=config.inference.startup_timeout_s + 600
     )(config)

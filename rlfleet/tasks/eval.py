@@ -7,6 +7,8 @@ from typing import Any
 from prefect import task
 
 from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig
+from rlfleet.fleet.attach import fleet_hold, fleet_urls, model_ticket
+from rlfleet.inference.pool import InferencePool
 from rlfleet.inference.server import launch_replicas, stop_replicas
 from rlfleet.orchestrator.evaluate import evaluate
 from rlfleet.orchestrator.sampler import FixedReplicas
@@ -53,7 +55,11 @@ def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
         seed=cfg.seed,
         model=cfg.model,
         inference=cfg.inference,
+        fleet=cfg.fleet,
     )
+    if cfg.fleet is not None:
+        result = _on_fleet(cfg, serve, step, model_dir or cfg.model.path)
+        return eval_record(store, step, result, "eval")
     replicas = launch_replicas(serve, model_dir)
     try:
         fixed = FixedReplicas([r.url for r in replicas], step)
@@ -61,6 +67,25 @@ def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
     finally:
         stop_replicas(replicas)
     return eval_record(store, step, result, "eval")
+
+
+def _on_fleet(
+    cfg: EvalJobConfig, serve: InferenceJobConfig, step: int | None, model_dir: str
+) -> dict[str, Any]:
+    """The checkpoint loaded on the fleet's replicas, held for the eval (a run holding the fleet is
+    waited for); the next run on the fleet loads its own weights first, as it always does."""
+    assert cfg.fleet is not None
+    with fleet_hold(cfg.fleet, f"eval of {cfg.output_dir}"):
+        urls = fleet_urls(cfg.fleet, cfg.model, cfg.inference, cfg.seed)
+        job = serve.model_copy(
+            update={"inference": cfg.inference.model_copy(update={"urls": urls, "num_replicas": len(urls)})}
+        )
+        pool = InferencePool(job)
+        try:
+            pool.broadcast(model_ticket(-1 if step is None else step, model_dir))
+            return evaluate(pool, cfg.model.path, cfg.eval, cfg.inference.max_model_len)
+        finally:
+            pool.shutdown()  # the pool's watch; the fleet's replicas are not its to stop
 
 
 @task(name="evaluate_policy", task_run_name="evaluate_policy-{step}", cache_key_fn=step_key)
