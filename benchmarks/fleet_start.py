@@ -1,7 +1,8 @@
 """Start-up with and without a warm fleet (docs/fleet.md): command start -> step 0's end of the tiny
-CPU job, `rlfleet rl` as a user starts it, cold (it starts its own vLLM) against attached to a fleet
-that `rlfleet fleet up` started once before the first run. Paired and alternated per repetition,
-on one box, so that the load of the moment hits both.
+CPU job, `rlfleet rl` as a user starts it, cold (it starts its own vLLM, trainer and Prefect server)
+against attached to a fleet that `rlfleet fleet up` started once before the first run (its replica,
+warm trainer and Prefect server). Paired and alternated per repetition, on one box, so that the load
+of the moment hits both. Then an eval of a checkpoint, cold and on the fleet.
 
     python benchmarks/fleet_start.py --reps 3 --out benchmarks/results/fleet_start_cpu_2core.json
 """
@@ -46,6 +47,17 @@ def first_step(model: Path, out: Path, port: int, fleet: str | None, env: dict[s
     return {"first_step_s": rec["finished_at"] - t0, "wall_s": wall, "step0": rec["phase_seconds"]}
 
 
+def eval_wall(model: Path, run: Path, port: int, fleet: str | None, env: dict[str, str]) -> float:
+    """Command start -> end of `rlfleet eval` of the run's latest checkpoint (32 greedy answers)."""
+    argv = [sys.executable, "-m", "rlfleet.cli", "eval", "--output-dir", str(run), "--model.path", str(model)]
+    argv += ["--checkpoint", "latest", "--eval.num-examples", "32", "--inference.max-model-len", "256"]
+    argv += ["--fleet", fleet] if fleet else ["--inference.port", str(port)]
+    t0 = time.time()
+    with (run.parent / f"{run.name}_eval_{fleet or 'cold'}.log").open("w") as log:
+        subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, check=True)
+    return time.time() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
@@ -86,6 +98,11 @@ def main() -> None:
                         first_step(model, tmp / f"{v}_{i}", p, "tiny" if v == "fleet" else None, env)
                     )
                     print(v, runs[v][-1], flush=True)
+            evals = {
+                v: eval_wall(model, tmp / "fleet_0", free_port(), "tiny" if v == "fleet" else None, env)
+                for v in ("cold", "fleet")
+            }
+            print("eval", evals, flush=True)
         finally:
             fleet.terminate()
             fleet.wait(120)
@@ -98,6 +115,7 @@ def main() -> None:
             "fleet_up_s": fleet_up_s,
             "median_first_step_s": med,
             "cold_over_fleet": med["cold"] / med["fleet"],
+            "eval_wall_s": evals,
             "runs": runs,
         },
     )

@@ -45,3 +45,23 @@ def test_same_seed_same_weights(tmp_path):
 def test_rejects_head_dim_below_32(tmp_path):
     with pytest.raises(ValueError, match="head_dim 16"):
         make_tiny_model(tmp_path / "m", hidden=64, heads=4)
+
+
+def test_the_controllers_tokenizer_is_the_one_autotokenizer_loads(tiny_model):
+    """The rollout's tokenizer skips AutoTokenizer's class lookup for transformers' generic class:
+    the same class, ids, special tokens and chat template as AutoTokenizer gives."""
+    from rlfleet.orchestrator.rollout import _load_tokenizer
+
+    ours, auto = _load_tokenizer(str(tiny_model)), AutoTokenizer.from_pretrained(tiny_model)
+    assert type(ours) is type(auto)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}]
+    assert ours.apply_chat_template(
+        msgs, tokenize=False, add_generation_prompt=True
+    ) == auto.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert ours("hello world 12+7")["input_ids"] == auto("hello world 12+7")["input_ids"]
+    assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id, ours.all_special_ids) == (
+        auto.bos_token_id,
+        auto.eos_token_id,
+        auto.pad_token_id,
+        auto.all_special_ids,
+    )
