@@ -18,9 +18,10 @@ spared), then injects one fault:
 - `reap`: SIGKILL of the controller, then of its rerun right as the rerun reaps the dead life's
   leftovers (the first of them exits);
 - `two`: SIGKILL of two parts at once.
-When `--duration-s` is up it stops injecting and lets the run finish. A controller that makes no
-step for `--hang-s` is a failure (recorded, killed, restarted), and so are ten controllers in a
-row that exit with a failure by themselves (both in the report's `hangs`).
+When `--duration-s` is up it stops injecting and lets the run finish (with `--finish-steps N`,
+N steps later: a soak of fixed length then ends on time, however many steps the faults allowed).
+A controller that makes no step for `--hang-s` is a failure (recorded, killed, restarted), and so
+are ten controllers in a row that exit with a failure by themselves (both in the report's `hangs`).
 
     nice -n 19 python benchmarks/chaos.py --duration-s 2160 --max-steps 200 --gap-s 10 40 \
         --orchestrator.batch-size 8 --out benchmarks/results/chaos_cpu_2core.json
@@ -97,6 +98,7 @@ class Soak:
         self.log = open(out.parent / "controller.log", "ab")  # noqa: SIM115 - closed in run()
         self.proc: subprocess.Popen | None = None
         self.last_step, self.last_step_at = -1, time.monotonic()
+        self.ended_at: int | None = None  # the step `--finish-steps` ended the run at
 
     # -- the run --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -292,6 +294,8 @@ class Soak:
                 injecting = self.now() < self.a.duration_s and len(self.faults) < self.a.max_faults
                 stepped = self.view.stepped_since(last)
                 ready = stepped or time.time() - last > self.a.max_wait_s
+                if not injecting and self.a.finish_steps and self.ended_at is None:
+                    self.end_within(self.a.finish_steps)
                 if injecting and self.now() >= next_at and self.alive() and ready:
                     done = self.inject(controller_ok=stepped)
                     next_at = self.now() + (self.rng.uniform(*self.a.gap_s) if done else 0.5)
@@ -306,6 +310,20 @@ class Soak:
                 self.proc.kill()
             self.log.close()
 
+    def end_within(self, steps: int) -> None:
+        """End the run `steps` steps from here (`--finish-steps`): its controller is SIGKILLed once
+        more (not a fault: the soak's own) and restarted with the nearer `--max-steps`, so that a
+        soak of fixed length ends on time whatever pace the faults left the run."""
+        done = self.view.steps_done()
+        self.ended_at = min(self.a.max_steps, done + steps)
+        if self.ended_at == self.a.max_steps:
+            return
+        self.a.max_steps = self.view.max_steps = self.ended_at
+        self.cmd[self.cmd.index("--max-steps") + 1] = str(self.ended_at)
+        print(f"chaos: faults over at step {done}: the run ends at step {self.ended_at}", flush=True)
+        if self.alive():
+            self.proc.kill()  # tick() restarts it with the new end
+
     def report(self, checks: list[Check]) -> dict[str, Any]:
         stops = [f for f in self.faults if f["signal"] == "SIGSTOP"]
         kills = [f for f in self.faults if f["signal"] == "SIGKILL"]
@@ -314,6 +332,7 @@ class Soak:
             "duration_s": round(self.now(), 1),
             "injecting_s": self.a.duration_s,
             "max_steps": self.a.max_steps,
+            "ended_by_soak": self.ended_at is not None,
             "steps": self.view.steps_done(),
             "faults": len(self.faults),
             "sigkills": len(kills),
@@ -349,6 +368,12 @@ def main() -> None:
         "--duration-s", type=float, default=7200, help="inject faults this long, then let the run end"
     )
     ap.add_argument("--max-steps", type=int, default=3000)
+    ap.add_argument(
+        "--finish-steps",
+        type=int,
+        default=None,
+        help="once faults are over, end the run this many steps later (default: at --max-steps)",
+    )
     ap.add_argument("--max-faults", type=int, default=10**9)
     ap.add_argument(
         "--kinds",
