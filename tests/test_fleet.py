@@ -4,22 +4,22 @@ refused before anything starts."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 
 from rlfleet.config.fleet import FleetConfig
 from rlfleet.config.inference import InferenceConfig
-from rlfleet.config.loader import ConfigError, to_toml
+from rlfleet.config.loader import ConfigError, load, to_toml
 from rlfleet.config.model import ModelConfig
-from rlfleet.config.models import EvalJobConfig, TrainerJobConfig
+from rlfleet.config.models import EvalJobConfig, RLConfig, TrainerJobConfig
 from rlfleet.config.rollouts import EvalConfig
 from rlfleet.fleet.api import FleetApi, check_api_port, use_fleet_api
 from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold
@@ -81,7 +81,9 @@ def test_a_run_that_names_no_fleet_is_refused_a_fleets_gpus(tiny_model, tmp_path
     )
     write_state("g", ["http://127.0.0.1:8400", "http://127.0.0.1:8401"], on_gpus.job())
     with pytest.raises(ValueError, match="trainer_gpu_ids: the warm trainer needs a GPU of its own"):
-        on_gpus.model_validate(on_gpus.model_dump() | {"trainer_gpu_ids": ["1"]})
+        on_gpus.model_validate(on_gpus.model_dump() | {"trainer_gpu_ids": ["1", "2"]})
+    with pytest.raises(ValueError, match=r"trainer_gpu_ids: one per replica \(2\)"):
+        on_gpus.model_validate(on_gpus.model_dump() | {"trainer_gpu_ids": ["2"]})
     plain = rl_config(tiny_model, tmp_path / "run", max_steps=1)
     (problem,) = fleet_gpu_problems(plain, ["1", "2"])
     assert "GPUs 1 belong to fleet 'g'" in problem and 'fleet = "g"' in problem
@@ -89,36 +91,48 @@ def test_a_run_that_names_no_fleet_is_refused_a_fleets_gpus(tiny_model, tmp_path
     assert fleet_gpu_problems(rl_config(tiny_model, tmp_path / "run", max_steps=1, fleet="g"), ["0"]) == []
 
 
-def test_one_run_holds_a_fleet_at_a_time_and_its_death_gives_it_back(fleets):
-    with fleet_hold("t", "outputs/a"):
-        other = os.open(fleets / "t.lock", os.O_RDWR)
-        with pytest.raises(BlockingIOError):  # a second run would wait here
-            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on the way out
-    fcntl.flock(other, fcntl.LOCK_UN)
-    with fleet_hold(None, "outputs/b"):  # a run that names no fleet holds nothing
-        pass
+def test_each_run_holds_one_replica_the_rest_wait_and_a_killed_holder_gives_it_back(tiny_model, tmp_path):
+    """A fleet of 2 replicas: two runs hold one each (their configs name only theirs), the flow
+    inside `rlfleet rl` finds the replica its early start took, a third run waits until one is
+    given back, and one killed gives its replica back (the kernel drops the flock)."""
+    fleet = _fleet(tiny_model, 8400, max_model_len=128, num_replicas=2)
+    write_state("t", ["http://127.0.0.1:8400", "http://127.0.0.1:8401"], fleet.job())  # stands in
+    run_a = rl_config(tiny_model, tmp_path / "a", max_steps=1, fleet="t")
+    assert attach(run_a).inference.urls == ["http://127.0.0.1:8400", "http://127.0.0.1:8401"]  # a check
+    with fleet_hold("t", run_a.output_dir) as a:
+        assert a == 0 and attach(run_a).inference.urls == ["http://127.0.0.1:8400"]
+        with fleet_hold("t", run_a.output_dir) as again:
+            assert again == 0
+        code = (
+            "import logging, sys; logging.basicConfig(stream=sys.stdout, format='%(message)s')\n"
+            "from rlfleet.fleet.attach import fleet_hold\n"
+            "with fleet_hold('t', 'outputs/c') as s:\n print('held', s, flush=True); input()"
+        )
+        with fleet_hold("t", "outputs/b") as b:
+            assert b == 1
+            third = subprocess.Popen(
+                [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+            try:
+                assert "waiting for one" in third.stdout.readline()  # all held: it waits
+            except BaseException:
+                third.kill()
+                raise
+        try:
+            assert third.stdout.readline().strip() == "held 1"  # b gave replica 1 back
+            assert json.loads((fleet_dir() / "t.1.lock").read_text())["run"] == "outputs/c"
+        finally:
+            third.kill()  # a run killed mid-way: the kernel gives its replica back
+            third.wait()
+        with fleet_hold("t", "outputs/d") as d:
+            assert d == 1
+    with fleet_hold(None, "outputs/e") as none:  # a run that names no fleet holds nothing
+        assert none is None
 
-    code = "from rlfleet.fleet.attach import fleet_hold\nwith fleet_hold('t', 'outputs/c'):\n print('held', flush=True); input()"
-    run = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert run.stdout.readline().strip() == "held"
-        with pytest.raises(BlockingIOError):
-            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        assert json.loads((fleets / "t.lock").read_text())["run"] == "outputs/c"
-    finally:
-        run.kill()  # a run killed mid-way: the kernel gives the fleet back
-        run.wait()
-    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    os.close(other)
 
-
-@pytest.mark.e2e
 def _warm_pid() -> int:
     """The pid of the fleet's waiting trainer, once it says where it is."""
-    warm = fleet_dir() / "t" / "trainer" / "warm.json"
+    warm = fleet_dir() / "t" / "trainer" / "0" / "warm.json"
     return wait_until(
         lambda: warm.is_file() and json.loads(warm.read_text())["pid"], 120, what="a warm trainer"
     )
@@ -129,6 +143,7 @@ def _trainer_pid(out) -> int:
     return RunStore(str(out)).read_json(TRAINER_UP)["pid"]
 
 
+@pytest.mark.e2e
 def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefect_api, tmp_path):
     """Run A trains on the fleet and leaves its weights on the replica; run B attaches next and its
     step 0 samples from the base model (its sampler's logprobs are the base model's, teacher-forced
@@ -269,7 +284,7 @@ def test_a_warm_trainer_taken_by_a_run_goes_with_its_controller_and_a_fresh_one_
     """A run's controller hands its trainer job to the fleet's warm trainer: it trains in the run's
     log as the run's trainer, and when the controller is SIGKILLed it exits (as a trainer the run
     started would); the fleet starts a fresh one, which no run has touched."""
-    keeper = WarmKeeper(tmp_path / "t", []).start()
+    keeper = WarmKeeper(tmp_path / "t", 0, []).start()
     try:
         warm = json.loads(wait_until(lambda: _read(keeper.spool / "warm.json"), 120, what="a warm trainer"))
         out = tmp_path / "run"
@@ -317,3 +332,37 @@ def _read(path) -> str | None:
         return path.read_text()
     except OSError:
         return None
+
+
+@pytest.mark.e2e
+def test_an_ablation_on_a_fleet_runs_its_children_at_once_one_replica_each(tiny_model, prefect_api, tmp_path):
+    """Two grid points on a fleet of two replicas: each child is its own `rlfleet rl` process and
+    holds a replica of its own, so they ran side by side (one after the other, the second would
+    have found replica 0 free again), each trained in the warm trainer beside its replica."""
+    from rlfleet.flows.ablation import ablation
+
+    fleet = _fleet(tiny_model, free_port(), max_model_len=128, num_replicas=2)
+    stop, ready = threading.Event(), threading.Event()
+    thread = threading.Thread(target=serve, args=(fleet, stop, ready), daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(300), "the fleet's replicas did not serve"
+        urls = read_state("t")["urls"]
+        warm = {
+            json.loads(
+                wait_until(lambda i=i: _read(fleet_dir() / "t" / "trainer" / str(i) / "warm.json"), 120)
+            )["pid"]
+            for i in range(2)
+        }
+        base = rl_config(tiny_model, tmp_path / "abl", 1, fleet="t")
+        rows = ablation(base=base, grid={"trainer.lr": [1e-3, 1e-2]})
+        assert [r["state"] for r in rows] == ["Completed", "Completed"], rows
+        held = [
+            load(RLConfig, ["@", str(Path(r["output_dir"]) / "configs" / "rl.toml")]).inference.urls
+            for r in rows
+        ]
+        assert sorted(held) == [[urls[0]], [urls[1]]]  # a replica each, at the same time
+        assert {_trainer_pid(r["output_dir"]) for r in rows} == warm
+    finally:
+        stop.set()
+        thread.join(120)

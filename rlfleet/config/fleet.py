@@ -25,12 +25,13 @@ class FleetConfig(Strict):
     seed: int = Field(0, description="vLLM's seed: the fleet's, whichever run attaches.")
     trainer: bool = Field(
         True,
-        description="Keep a warm trainer process (imports paid, on `trainer_gpu_ids`) for each run to take.",
+        description="Keep a warm trainer process beside each replica (imports paid, on `trainer_gpu_ids`) "
+        "for the run that holds the replica.",
     )
     trainer_gpu_ids: list[str] = Field(
         default_factory=list,
-        max_length=1,
-        description="The warm trainer's CUDA device; empty = CPU. A run whose trainer is placed elsewhere starts its own.",
+        description="One CUDA device per replica, for the warm trainer beside it; empty = CPU. A run "
+        "whose trainer is placed elsewhere starts its own.",
     )
     api_port: int = Field(
         4280,
@@ -43,6 +44,10 @@ class FleetConfig(Strict):
     def _no_urls(self) -> FleetConfig:
         if self.inference.urls:
             raise ValueError("inference.urls: a fleet starts its own replicas")
+        if self.trainer_gpu_ids and len(self.trainer_gpu_ids) != self.inference.num_replicas:
+            raise ValueError(
+                f"trainer_gpu_ids: one per replica ({self.inference.num_replicas}), or none for the CPU"
+            )
         if set(self.trainer_gpu_ids) & set(self.gpu_ids):
             raise ValueError("trainer_gpu_ids: the warm trainer needs a GPU of its own, not a replica's")
         self.job()  # replicas x TP against gpu_ids

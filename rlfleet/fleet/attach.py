@@ -1,12 +1,13 @@
 """A run and the warm fleets of its host: attach to the one it names, keep off the others' GPUs,
-and hold the named one alone for the run's life.
+and hold one of its replicas (with its warm trainer) alone for the run's life.
 
 Attaching refuses up front (ConfigError, before anything starts): a fleet that is not up, a run
 whose replicas would start differently, a run that also names `inference.urls`. A run that names
 no fleet is refused the GPUs of every live fleet: fleets outlive runs by design, and a run placed
-on a fleet's GPU would fight its vLLM for memory. The hold is an flock on `<name>.lock` in the
-fleet dir: the kernel drops it when the holding process dies, so a killed run gives the fleet
-back without anyone reaping anything, and the fleet's processes are never the run's to kill."""
+on a fleet's GPU would fight its vLLM for memory. The hold is an flock on `<name>.<i>.lock` in the
+fleet dir, one per replica, so a fleet of N replicas runs N runs at once (an ablation's children)
+and the rest wait: the kernel drops it when the holding process dies, so a killed run gives its
+replica back without anyone reaping anything, and the fleet's processes are never the run's to kill."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import fcntl
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -22,21 +24,26 @@ from rlfleet.config.loader import ConfigError
 from rlfleet.config.model import ModelConfig
 from rlfleet.config.models import InferenceJobConfig, RLConfig
 from rlfleet.config.weights import FILES
-from rlfleet.fleet.state import fleet_dir, live_fleets, mismatches, read_state, shape
+from rlfleet.fleet.state import FleetState, fleet_dir, live_fleets, mismatches, read_state, shape
 from rlfleet.weights.controller import Ticket
 
 log = logging.getLogger("rlfleet.fleet")
 
 
-def fleet_urls(name: str, model: ModelConfig, inference: InferenceConfig, seed: int) -> list[str]:
-    """Fleet `name`'s replicas, for a run or an eval whose own replicas would be `model` served as
-    `inference`; a ConfigError when the fleet is not up or serves differently."""
+def _live(name: str) -> FleetState:
     state = read_state(name)
     if state is None:
         raise ConfigError(
             f"fleet: {name!r} is not up (no live fleet of that name in {fleet_dir()}); "
             f"start it with `rlfleet fleet up @ fleet.toml`"
         )
+    return state
+
+
+def fleet_urls(name: str, model: ModelConfig, inference: InferenceConfig, seed: int) -> list[str]:
+    """Fleet `name`'s replicas, for a run or an eval whose own replicas would be `model` served as
+    `inference`; a ConfigError when the fleet is not up or serves differently."""
+    state = _live(name)
     if inference.urls:
         raise ConfigError("fleet, inference.urls: name one; a fleet gives its own replicas' urls")
     one = InferenceJobConfig(
@@ -55,10 +62,13 @@ def fleet_urls(name: str, model: ModelConfig, inference: InferenceConfig, seed: 
 
 
 def attach(cfg: RLConfig) -> RLConfig:
-    """`cfg` with its fleet's replicas as `inference.urls` (unchanged when it names none)."""
+    """`cfg` with its fleet's replica as `inference.urls`, the one it holds (`fleet_hold`); all of
+    them where it holds none (a check); unchanged when it names no fleet."""
     if cfg.fleet is None:
         return cfg
     urls = fleet_urls(cfg.fleet, cfg.model, cfg.inference, cfg.seed)
+    if (slot := held_slot(cfg.fleet, cfg.output_dir)) is not None:
+        urls = urls[slot : slot + 1]  # the replica the run holds; its checks see them all
     data = cfg.model_dump()
     data["inference"] |= {"urls": urls, "num_replicas": len(urls)}
     return RLConfig.model_validate(data)  # the rules on urls (weight transports) hold for it too
@@ -88,26 +98,61 @@ def model_ticket(step: int, model_dir: str) -> Ticket:
     return {"transport": FILES, "step": step, "path": model_dir}
 
 
+# (fleet, holder) -> the replica this process holds for it: `rlfleet rl` takes it before its early
+# start, and the flow, the trainer's launch and the eval in the same process find it here
+_HELD: dict[tuple[str, str], int] = {}
+WAIT_POLL_S = 0.5
+
+
+def held_slot(name: str | None, holder: str) -> int | None:
+    """The replica of fleet `name` this process holds for `holder` (a run's output_dir), if any."""
+    return None if name is None else _HELD.get((name, holder))
+
+
 @contextmanager
-def fleet_hold(name: str | None, holder: str) -> Iterator[None]:
-    """Hold fleet `name` alone (none: nothing to hold); waits while another run holds it."""
+def fleet_hold(name: str | None, holder: str) -> Iterator[int | None]:
+    """Hold one replica of fleet `name` (and its warm trainer) for `holder`, alone: the first free
+    one, waiting while every one is held. Yields its index (None: no fleet). Held again by the same
+    holder in this process, the same replica, without a second lock."""
     if name is None:
-        yield
+        yield None
         return
-    path = fleet_dir() / f"{name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if (name, holder) in _HELD:
+        yield _HELD[(name, holder)]
+        return
+    n = len(_live(name)["urls"])
+    fd, slot = _take(name, n, holder)
+    _HELD[(name, holder)] = slot
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.warning("fleet %s is held by %s: waiting for it", name, _holder(path))
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"run": holder, "pid": os.getpid()}).encode(), 0)
-        yield
+        yield slot
     finally:
+        del _HELD[(name, holder)]
         os.close(fd)  # drops the lock; the kernel drops it too when this process dies
+
+
+def _take(name: str, n: int, holder: str) -> tuple[int, int]:
+    """An flock on `<name>.<i>.lock` for the first free replica i; polls while all are held."""
+    fleet_dir().mkdir(parents=True, exist_ok=True)
+    waiting = False
+    while True:
+        for i in range(n):
+            path = fleet_dir() / f"{name}.{i}.lock"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps({"run": holder, "pid": os.getpid()}).encode(), 0)
+            if waiting:
+                log.info("fleet %s: replica %d is free: %s takes it", name, i, holder)
+            return fd, i
+        if not waiting:
+            held = ", ".join(_holder(fleet_dir() / f"{name}.{i}.lock") for i in range(n))
+            log.warning("fleet %s: its %d replica(s) are held (%s): waiting for one", name, n, held)
+            waiting = True
+        time.sleep(WAIT_POLL_S)
 
 
 def _holder(path: os.PathLike[str]) -> str:

@@ -40,37 +40,40 @@ def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None
     home = fleet_dir() / cfg.name
     job = cfg.job(str(home))
     pool, api = InferencePool(job), FleetApi(cfg, home)
-    trainer = WarmKeeper(home, cfg.trainer_gpu_ids) if cfg.trainer else None
+    n = cfg.inference.num_replicas
+    trainers = [WarmKeeper(home, i, cfg.trainer_gpu_ids[i : i + 1]) for i in range(n)] if cfg.trainer else []
     try:
         pool.start()
         api.start()  # beside the replicas
-        if trainer is not None:
-            trainer.start()
+        for t in trainers:
+            t.start()
         urls = pool.ensure()
-        spool = str(trainer.spool) if trainer is not None else ""
-        state = write_state(cfg.name, urls, job, api.wait_ready(), spool, cfg.trainer_gpu_ids)
+        spools = str(home / "trainer") if trainers else ""
+        state = write_state(cfg.name, urls, job, api.wait_ready(), spools, cfg.trainer_gpu_ids)
         log.info(
             "fleet %s up: %s serving %s, Prefect API %s, %s; runs attach with fleet = %r",
             cfg.name,
             ", ".join(state["urls"]),
             cfg.model.path,
             state["api_url"],
-            f"a warm trainer on {','.join(cfg.trainer_gpu_ids) or 'the CPU'}" if spool else "no warm trainer",
+            f"{n} warm trainer(s) on {','.join(cfg.trainer_gpu_ids) or 'the CPU'}"
+            if trainers
+            else "no warm trainer",
             cfg.name,
         )
         if ready is not None:
             ready.set()
         while not stop.wait(KEEP_S):
             api.keep()
-            if trainer is not None:
-                trainer.keep()
+            for t in trainers:
+                t.keep()
         return state
     finally:
         remove_state(cfg.name)
         pool.shutdown()
         api.stop()
-        if trainer is not None:
-            trainer.stop()
+        for t in trainers:
+            t.stop()
 
 
 def up(cfg: FleetConfig) -> int:

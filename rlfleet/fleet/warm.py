@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
+from rlfleet.fleet.attach import held_slot
 from rlfleet.fleet.state import read_state
 from rlfleet.procs import ManagedProcess, kill_group, running, this_process, wait_until, write_pidfile
 
@@ -178,42 +179,57 @@ def claim(
 
 
 def claim_from_fleet(
-    fleet: str, gpu_ids: list[str], config: Path, log_path: Path, pidfile: Path, env: dict[str, str]
+    fleet: str,
+    output_dir: str,
+    gpu_ids: list[str],
+    config: Path,
+    log_path: Path,
+    pidfile: Path,
+    env: dict[str, str],
 ) -> WarmTrainer | None:
-    """`claim` from fleet `fleet`'s warm trainer, where it keeps one on the trainer's device."""
-    state = read_state(fleet)
-    if state is None or not state.get("trainer"):
+    """`claim` the warm trainer beside the fleet replica this process holds for the run in
+    `output_dir`, where it waits on the trainer's device."""
+    state, slot = read_state(fleet), held_slot(fleet, output_dir)
+    if state is None or not state.get("trainer") or slot is None:
         return None
-    if state["trainer_gpu_ids"] != gpu_ids:
+    device = state["trainer_gpu_ids"][slot : slot + 1]
+    if device != gpu_ids:
         log.info(
-            "fleet %s's warm trainer is on %s, this run's trainer on %s: starting its own",
+            "fleet %s's warm trainer %d is on %s, this run's trainer on %s: starting its own",
             fleet,
-            ",".join(state["trainer_gpu_ids"]) or "the CPU",
+            slot,
+            ",".join(device) or "the CPU",
             ",".join(gpu_ids) or "the CPU",
         )
         return None
-    taken = claim(Path(state["trainer"]), config, log_path, pidfile, env)
+    taken = claim(spool_of(Path(state["trainer"]), slot), config, log_path, pidfile, env)
     if taken is not None:
         log.info("trainer: fleet %s's warm trainer (pid %d) took the job", fleet, taken.warm_pid)
     return taken
 
 
+def spool_of(base: Path, slot: int) -> Path:
+    """The hand-off directory of the warm trainer beside replica `slot`."""
+    return base / str(slot)
+
+
 class WarmKeeper:
-    """The fleet's side: one warm trainer waiting at a time, a fresh one after each job. One that
-    exits without a job (it failed its imports) is started again after `RETRY_S`, its log named."""
+    """The fleet's side, for the trainer beside replica `slot`: one warm trainer waiting, a fresh
+    one after each job. One that exits without a job (it failed its imports) is started again
+    after `RETRY_S`, its log named."""
 
     RETRY_S = 30.0
 
-    def __init__(self, home: Path, gpu_ids: list[str]):
-        self.spool = home / "trainer"
+    def __init__(self, home: Path, slot: int, gpu_ids: list[str]):
+        self.spool = spool_of(home / "trainer", slot)
         env = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         if gpu_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
         self.process = ManagedProcess(
-            name="trainer",
+            name=f"trainer_{slot}",
             cmd=[sys.executable, "-m", "rlfleet.fleet.warm", str(self.spool)],
-            log_path=home / "logs" / "trainer" / "warm.log",
-            pidfile=home / "run" / "trainer.pid",
+            log_path=home / "logs" / "trainer" / f"warm_{slot}.log",
+            pidfile=home / "run" / f"trainer_{slot}.pid",
             env=env,
         )
         self.starts = 0

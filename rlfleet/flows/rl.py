@@ -74,12 +74,14 @@ def rl(config: RLConfig) -> State:
     """One RL run; `config` is the resolved RLConfig (the Prefect deployment's parameter)."""
     t0 = time.perf_counter()
     load_credentials_block()  # S3 credentials from $RLFLEET_S3_CREDENTIALS_BLOCK, if it is set
-    # replicas `rlfleet rl` started for this run hold its ports: not a conflict
-    cfg, placement = resolve(config, ports=not started_early(config.output_dir))
-    tag_run(cfg)
-    # the GPUs: held already where `rlfleet rl` took them; a fleet: one run at a time
-    with run_lease(cfg.output_dir, placement.gpus), fleet_hold(cfg.fleet, cfg.output_dir):
-        summary = _run(cfg, placement, t0)
+    # a fleet: one of its replicas, before the config names it (held already where `rlfleet rl`
+    # took it); the GPUs: held already where `rlfleet rl` took them
+    with fleet_hold(config.fleet, config.output_dir):
+        # replicas `rlfleet rl` started for this run hold its ports: not a conflict
+        cfg, placement = resolve(config, ports=not started_early(config.output_dir))
+        tag_run(cfg)
+        with run_lease(cfg.output_dir, placement.gpus):
+            summary = _run(cfg, placement, t0)
     first, last = summary["first3_mean_reward"], summary["last3_mean_reward"]
     change = "no steps run" if first is None else f"reward {first:.3f} -> {last:.3f}"
     n = len(summary["recoveries"])

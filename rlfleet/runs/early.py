@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from rlfleet.config.models import InferenceJobConfig, RLConfig, TrainerJobConfig
 from rlfleet.config.placement import Placement
+from rlfleet.fleet.attach import fleet_hold
 from rlfleet.inference.pool import InferencePool
 from rlfleet.runs.configs import resolve, trainer_config, write_configs
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
@@ -82,10 +83,17 @@ def early_start(config: RLConfig) -> Iterator[None]:
     what no flow adopted (it failed first, or resolved another config) is stopped on the way out.
     A run on given servers (`inference.urls`) or on SLURM starts nothing here; one attached to a
     fleet starts only its trainer (the fleet's replicas serve already)."""
-    cfg, placement = resolve(config)
-    if (cfg.inference.urls and cfg.fleet is None) or cfg.deployment.type != "single_node":
-        yield
-        return
+    with fleet_hold(config.fleet, config.output_dir):  # its replica, before its config names it
+        cfg, placement = resolve(config)
+        if (cfg.inference.urls and cfg.fleet is None) or cfg.deployment.type != "single_node":
+            yield
+            return
+        with _started(cfg, placement):
+            yield
+
+
+@contextmanager
+def _started(cfg: RLConfig, placement: Placement) -> Iterator[None]:
     store = run_store(cfg.output_dir)
     with _lease_first(cfg, placement):
         acquire_run_lock(store)  # a second controller would reap the first one's replicas

@@ -75,8 +75,9 @@ def _on_fleet(
     """The checkpoint loaded on the fleet's replicas, held for the eval (a run holding the fleet is
     waited for); the next run on the fleet loads its own weights first, as it always does."""
     assert cfg.fleet is not None
-    with fleet_hold(cfg.fleet, f"eval of {cfg.output_dir}"):
-        urls = fleet_urls(cfg.fleet, cfg.model, cfg.inference, cfg.seed)
+    with fleet_hold(cfg.fleet, f"eval of {cfg.output_dir}") as slot:
+        assert slot is not None
+        urls = fleet_urls(cfg.fleet, cfg.model, cfg.inference, cfg.seed)[slot : slot + 1]
         job = serve.model_copy(
             update={"inference": cfg.inference.model_copy(update={"urls": urls, "num_replicas": len(urls)})}
         )

@@ -159,6 +159,7 @@ class TrainerProcess:
         warm = (
             claim_from_fleet(
                 self.cfg.fleet,
+                self.cfg.output_dir,
                 self.cfg.gpu_ids,
                 self.config_path,
                 rank_log(logs, 0),
