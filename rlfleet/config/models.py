@@ -132,7 +132,7 @@ class EvalJobConfig(Strict):
     fleet: FleetName | None = Field(
         None,
         description="Evaluate on this warm fleet's replicas (the checkpoint loaded on them) instead of "
-        "starting vLLM; waits while a run holds the fleet.",
+        "starting vLLM; holds one replica, waiting while runs hold them all.",
     )
 
 
@@ -166,7 +166,7 @@ class RLConfig(_FlowRunBase, WithLoss):
     fleet: FleetName | None = Field(
         None,
         description="Attach to this warm fleet's vLLM replicas (`rlfleet fleet up`) instead of starting "
-        "them: the same server arguments are required, one run holds the fleet at a time.",
+        "them: the same server arguments are required; the run holds one replica and its warm trainer.",
     )
     eval: EvalConfig = Field(default_factory=EvalConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig, description="The stall watchdog.")
