@@ -71,9 +71,11 @@ def serve_one(spool: Path) -> int:
             time.sleep(POLL_S)
     job: Job = json.loads((spool / CLAIMED).read_text())
     os.setsid()  # out of the fleet's process group: the run's trainer now
-    sys.stdout.flush(), sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
     fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1), os.dup2(fd, 2)
+    for target in (1, 2):  # the run's trainer log, as a trainer the run started writes
+        os.dup2(fd, target)
     os.environ.update(job["env"])
     threading.Thread(
         target=_die_with_controller, args=(job,), name="rlfleet-controller-watch", daemon=True
