@@ -85,6 +85,9 @@ def test_a_run_that_names_no_fleet_is_refused_a_fleets_gpus(tiny_model, tmp_path
     with pytest.raises(ValueError, match=r"trainer_gpu_ids: one per replica \(2\)"):
         on_gpus.model_validate(on_gpus.model_dump() | {"trainer_gpu_ids": ["2"]})
     plain = rl_config(tiny_model, tmp_path / "run", max_steps=1)
+    write_state("w", ["http://127.0.0.1:8500"], _fleet(tiny_model, 8500).job(), trainer_gpu_ids=["5"])
+    (warm,) = fleet_gpu_problems(plain, ["5"])  # its warm trainer's GPU is the fleet's too
+    assert "GPUs 5 belong to fleet 'w'" in warm
     (problem,) = fleet_gpu_problems(plain, ["1", "2"])
     assert "GPUs 1 belong to fleet 'g'" in problem and 'fleet = "g"' in problem
     assert fleet_gpu_problems(plain, ["2", "3"]) == []

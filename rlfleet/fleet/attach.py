@@ -78,7 +78,7 @@ def fleet_gpu_problems(cfg: RLConfig, gpus: list[str]) -> list[str]:
     """The run's GPUs that a live fleet other than its own holds."""
     problems = []
     for state in live_fleets():
-        taken = sorted(set(gpus) & set(state["gpu_ids"]))
+        taken = sorted(set(gpus) & {*state["gpu_ids"], *state.get("trainer_gpu_ids", [])})
         if taken and state["name"] != cfg.fleet:
             problems.append(
                 f"deployment: GPUs {','.join(taken)} belong to fleet {state['name']!r} (pid {state['pid']}); "
