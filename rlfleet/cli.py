@@ -233,9 +233,11 @@ def _fleet(argv: Sequence[str]) -> int:
             return 1
         return 0
     if action == "status" and not rest:
+        from rlfleet.fleet.attach import held_by
         from rlfleet.fleet.state import live_fleets
 
-        print(json.dumps(live_fleets(), indent=2))
+        fleets = [s | {"held_by": held_by(s)} for s in live_fleets()]  # per replica: a run, or idle (null)
+        print(json.dumps(fleets, indent=2))
         return 0
     print("usage: rlfleet fleet up @ fleet.toml | fleet down NAME | fleet status", file=sys.stderr)
     return 2

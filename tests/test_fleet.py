@@ -22,7 +22,7 @@ from rlfleet.config.model import ModelConfig
 from rlfleet.config.models import EvalJobConfig, RLConfig, TrainerJobConfig
 from rlfleet.config.rollouts import EvalConfig
 from rlfleet.fleet.api import FleetApi, check_api_port, use_fleet_api
-from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold
+from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold, held_by
 from rlfleet.fleet.serve import serve
 from rlfleet.fleet.state import fleet_dir, mismatches, read_state, shape, write_state
 from rlfleet.fleet.warm import WarmKeeper
@@ -113,6 +113,11 @@ def test_each_run_holds_one_replica_the_rest_wait_and_a_killed_holder_gives_it_b
         )
         with fleet_hold("t", "outputs/b") as b:
             assert b == 1
+            state = read_state("t")
+            assert [h and h.split(" (pid")[0] for h in held_by(state)] == [
+                f"run {run_a.output_dir}",
+                "run outputs/b",
+            ]
             third = subprocess.Popen(
                 [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
             )
@@ -129,6 +134,7 @@ def test_each_run_holds_one_replica_the_rest_wait_and_a_killed_holder_gives_it_b
             third.wait()
         with fleet_hold("t", "outputs/d") as d:
             assert d == 1
+        assert held_by(read_state("t")) == [f"run {run_a.output_dir} (pid {os.getpid()})", None]  # 1 is idle
     with fleet_hold(None, "outputs/e") as none:  # a run that names no fleet holds nothing
         assert none is None
 

@@ -155,6 +155,26 @@ def _take(name: str, n: int, holder: str) -> tuple[int, int]:
         time.sleep(WAIT_POLL_S)
 
 
+def held_by(state: FleetState) -> list[str | None]:
+    """Per replica of a live fleet, who holds it (`run <output_dir> (pid N)`), None where idle."""
+    out: list[str | None] = []
+    for i in range(len(state["urls"])):
+        path = fleet_dir() / f"{state['name']}.{i}.lock"
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            out.append(None)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # takes it only where nobody holds it
+            out.append(None)
+        except BlockingIOError:
+            out.append(_holder(path))
+        finally:
+            os.close(fd)
+    return out
+
+
 def _holder(path: os.PathLike[str]) -> str:
     try:
         with open(path) as f:
