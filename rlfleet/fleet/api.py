@@ -13,11 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 from rlfleet.config.fleet import FleetConfig
 from rlfleet.config.inference import port_free
 from rlfleet.fleet.state import read_state
+from rlfleet.inference.server import healthy
 from rlfleet.procs import ManagedProcess, wait_until
 
 log = logging.getLogger("rlfleet.fleet")
@@ -78,10 +77,7 @@ class FleetApi:
         return self.url
 
     def healthy(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return healthy(self.url)
 
     def keep(self) -> None:
         """Start the server again if it died; the runs' clients retry while it comes back."""

@@ -89,10 +89,15 @@ def write_state(
     }
     path = state_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, path)
+    write_json_atomic(path, state)
     return state
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    """`data` as JSON at `path`, whole or not at all (a reader polling for it sees no half file)."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
 
 
 def read_state(name: str) -> FleetState | None:

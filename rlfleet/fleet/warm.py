@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from rlfleet.fleet.attach import held_slot
-from rlfleet.fleet.state import read_state
+from rlfleet.fleet.state import read_state, write_json_atomic
 from rlfleet.procs import ManagedProcess, kill_group, running, this_process, wait_until, write_pidfile
 
 log = logging.getLogger("rlfleet.fleet")
@@ -43,12 +43,6 @@ class Job(TypedDict):
     controller_started: float
 
 
-def _write(path: Path, data: object) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
 def clear(spool: Path) -> None:
     """What a warm process that exited left; the fleet calls it before starting the next."""
     spool.mkdir(parents=True, exist_ok=True)
@@ -58,7 +52,7 @@ def clear(spool: Path) -> None:
 
 def serve_one(spool: Path) -> int:
     """The warm process: say where it is, pay the imports, take one job, run it, exit with it."""
-    _write(spool / WARM, this_process())
+    write_json_atomic(spool / WARM, this_process())
     from rlfleet.config.loader import load
     from rlfleet.config.models import TrainerJobConfig
     from rlfleet.trainer.rl import run_trainer  # the imports a trainer pays, paid now
@@ -153,7 +147,7 @@ def claim(
         "controller": int(me["pid"]),
         "controller_started": me["started"],
     }
-    _write(spool / JOB, job)
+    write_json_atomic(spool / JOB, job)
     try:
         wait_until(
             lambda: not (spool / JOB).exists(),

@@ -11,9 +11,9 @@ import sys
 import threading
 from typing import Any
 
-import httpx
 from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
 
+from rlfleet.inference.server import healthy
 from rlfleet.progress import Progress
 from rlfleet.runs.lock import adopt
 from rlfleet.store import RunStore
@@ -104,12 +104,5 @@ class ServerKeeper:
                 server.server_process = proc = server._run_uvicorn_command()
                 adopt(self.store, PIDFILE, proc.pid)
                 self.restarts += 1
-                while not self._stop.wait(0.2) and proc.poll() is None and not _healthy(server.api_url):
+                while not self._stop.wait(0.2) and proc.poll() is None and not healthy(server.api_url):
                     pass
-
-
-def _healthy(api_url: str) -> bool:
-    try:
-        return httpx.get(f"{api_url}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
