@@ -18,6 +18,7 @@ from rlfleet.config.loader import load
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.trainer.bench import bench_objective, fake_micro_batches
 from rlfleet.trainer.loop import build
+from rlfleet.trainer.profile import summary
 from rlfleet.trainer.train import train_step
 
 
@@ -35,12 +36,7 @@ def main() -> None:
         train_step(policy, opt, micro, objective, cfg.trainer.max_grad_norm, par)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    events = prof.key_averages()
-    print(
-        events.table(sort_by="self_device_time_total", row_limit=int(b.steps) * 6, max_name_column_width=70)
-    )
-    busy = sum(e.self_device_time_total for e in events) / 1e6
-    print(f"wall {wall:.3f} s, GPU kernel time {busy:.3f} s, busy {busy / wall:.0%}")
+    print(summary(prof.key_averages(), wall, rows=int(b.steps) * 6))
 
 
 if __name__ == "__main__":

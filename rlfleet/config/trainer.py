@@ -70,6 +70,13 @@ class TrainerConfig(Strict):
         description="torch.compile each decoder layer (dynamic shapes: one graph for every micro-batch) and "
         "the chunked LM head; unset = on a GPU (compiled in the warm-up, while vLLM starts), off on a CPU.",
     )
+    profile_step: int | None = Field(
+        None,
+        ge=0,
+        description="torch.profiler over this step's train phase (its micro-batches and optimizer step); "
+        "the top ops, device time by kind and how busy the device was go to "
+        "logs/trainer/profile_step_<N>.txt. Unset = no profiling.",
+    )
     lora: LoraConfig | None = Field(
         None, description="[trainer.lora]: train LoRA adapters on a frozen base; unset = full fine-tuning."
     )

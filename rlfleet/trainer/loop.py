@@ -25,12 +25,13 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from rlfleet.config.dtypes import torch_dtype
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import is_transient
-from rlfleet.store import RunStore, layout, run_store
+from rlfleet.store import RunDir, RunStore, layout, local_dir, run_store
 from rlfleet.store.records import write_metrics
 from rlfleet.trainer.budget import TokenBudget
 from rlfleet.trainer.checkpoint import CheckpointManager
 from rlfleet.trainer.files import checkpoint_model_path, latest_checkpoint, read_trainer_error
 from rlfleet.trainer.parallel import Parallel, parallelize, setup, teardown
+from rlfleet.trainer.profile import profiled
 from rlfleet.trainer.schedule import make_scheduler
 from rlfleet.trainer.train import (
     LM_HEAD_CHUNK,
@@ -117,8 +118,9 @@ def train(cfg: TrainerJobConfig, source: Source) -> None:
         for step in range(start, cfg.max_steps):
             ckpt.check()
             batch = source.batch(step)
-            micro = budget.micro_batches(batch.micro_batches, batch.by_tokens)
-            metrics = train_step(policy, optimizer, micro, batch.objective, tc.max_grad_norm, par)
+            with profiled(profile_out(cfg, step) if par.is_main else None):
+                micro = budget.micro_batches(batch.micro_batches, batch.by_tokens)
+                metrics = train_step(policy, optimizer, micro, batch.objective, tc.max_grad_norm, par)
             metrics.update(budget.metrics(len(micro)))
             metrics.update(source.publish(step, policy))
             if (secs := ckpt.save(step, batch.cursor, last=step == cfg.max_steps - 1)) is not None:
@@ -137,6 +139,13 @@ def train(cfg: TrainerJobConfig, source: Source) -> None:
         ckpt.close(failed)
         source.close()
         teardown(par)
+
+
+def profile_out(cfg: TrainerJobConfig, step: int) -> Path | None:
+    """Where `trainer.profile_step`'s profile goes, for that step only (on this machine's run dir)."""
+    if cfg.trainer.profile_step != step:
+        return None
+    return RunDir(local_dir(cfg.output_dir)).logs("trainer") / f"profile_step_{step}.txt"
 
 
 def build(
