@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 log = logging.getLogger("rlfleet.trainer")
@@ -36,20 +37,21 @@ def kind(name: str) -> str:
 
 def summary(events, wall: float, rows: int = 25) -> str:
     """The top ops by device time (by CPU time on a CPU), device time by kind, and how busy the
-    device was: kernel time over wall time, well below 1 where the host cannot keep it fed."""
-    cuda = any(e.self_device_time_total > 0 for e in events)
-    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    device was: kernel time over wall time, well below 1 where the host cannot keep it fed.
+
+    Kinds sum the device's own kernel events only: an op's device time is its kernels' time again."""
+    kernels = [e for e in events if e.device_type != DeviceType.CPU]
+    key = "self_device_time_total" if kernels else "self_cpu_time_total"
     by_kind: dict[str, float] = {}
-    for e in events:
+    for e in kernels or events:
         by_kind[kind(e.key)] = by_kind.get(kind(e.key), 0.0) + getattr(e, key) / 1e6
-    busy = sum(by_kind.values()) if cuda else None
     lines = [events.table(sort_by=key, row_limit=rows, max_name_column_width=70), ""]
+    busy = sum(by_kind.values())
     lines.append(
-        f"wall {wall:.3f} s" + (f", kernels {busy:.3f} s, device busy {busy / wall:.0%}" if busy else "")
+        f"wall {wall:.3f} s" + (f", kernels {busy:.3f} s, device busy {busy / wall:.0%}" if kernels else "")
     )
-    total = sum(by_kind.values()) or 1.0
-    for k, s in sorted(by_kind.items(), key=lambda kv: -kv[1]):
-        lines.append(f"  {k:<18} {s:8.3f} s {s / total:6.1%}")
+    for k, sec in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {k:<18} {sec:8.3f} s {sec / (busy or 1.0):6.1%}")
     return "\n".join(lines) + "\n"
 
 
