@@ -102,10 +102,20 @@ _FWD, _BWD, _BWD_ENTROPY = _chunk_forward, _chunk_backward, _chunk_backward_entr
 
 def compile_lm_head() -> None:
     global _FWD, _BWD, _BWD_ENTROPY
-    # automatic dynamic: full chunks share one static graph, the last chunk's changing length one more
-    _FWD = torch.compile(_chunk_forward, dynamic=None)
-    _BWD = torch.compile(_chunk_backward, dynamic=None)
-    _BWD_ENTROPY = torch.compile(_chunk_backward_entropy, dynamic=None)
+    # dynamic: one graph for every chunk length, compiled in the trainer's warm-up. Automatic dynamic
+    # compiled a static graph for the warm-up's length and recompiled at step 0's first chunk.
+    _FWD = torch.compile(_chunk_forward, dynamic=True)
+    _BWD = torch.compile(_chunk_backward, dynamic=True)
+    _BWD_ENTROPY = torch.compile(_chunk_backward_entropy, dynamic=True)
+
+
+def spans(n: int, chunk: int) -> list[tuple[int, int]]:
+    """[start, end) of chunks of at most `chunk` rows; a 1-row tail joins the chunk before it (a
+    dynamic graph assumes sizes of 2 or more and would recompile for it)."""
+    out = [(s, min(s + chunk, n)) for s in range(0, n, chunk)]
+    if len(out) > 1 and out[-1][1] - out[-1][0] == 1:
+        out[-2:] = [(out[-2][0], n)]
+    return out
 
 
 class _ChunkedLogprob(torch.autograd.Function):
@@ -115,8 +125,7 @@ class _ChunkedLogprob(torch.autograd.Function):
         logprob = hidden.new_empty(n, dtype=torch.float32)
         entropy = torch.empty_like(logprob)
         lse = torch.empty_like(logprob)
-        for s in range(0, n, chunk):
-            e = min(s + chunk, n)
+        for s, e in spans(n, chunk):
             logprob[s:e], entropy[s:e], lse[s:e] = _FWD(hidden[s:e], weight, targets[s:e], inv_temp, softcap)
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         ctx.chunk, ctx.inv_temp, ctx.softcap = chunk, inv_temp, softcap
@@ -128,11 +137,14 @@ class _ChunkedLogprob(torch.autograd.Function):
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        grad_logprob = torch.zeros_like(lse) if grad_logprob is None else grad_logprob.float().contiguous()
+        # fresh 1-D tensors: autograd hands in views of [n] or [1, n] tensors, and a view's base is
+        # part of what a compiled graph guards on (step 0 recompiled for it)
+        grad_logprob = (
+            torch.zeros_like(lse) if grad_logprob is None else grad_logprob.float().reshape(-1).clone()
+        )
         if grad_entropy is not None:
-            grad_entropy = grad_entropy.float().contiguous()
-        for s in range(0, hidden.shape[0], ctx.chunk):
-            e = min(s + ctx.chunk, hidden.shape[0])
+            grad_entropy = grad_entropy.float().reshape(-1).clone()
+        for s, e in spans(hidden.shape[0], ctx.chunk):
             if grad_entropy is None:
                 gh, gw = _BWD(
                     hidden[s:e], weight, targets[s:e], lse[s:e], grad_logprob[s:e], ctx.inv_temp, ctx.softcap

@@ -216,10 +216,13 @@ def accumulate(
     return dict(zip(keys, values, strict=True))
 
 
-def warm_up(policy: Policy, par: Parallel | None, tokens: int = 64) -> float:
+def warm_up(policy: Policy, par: Parallel | None, tokens: int = 97) -> float:
     """One forward and backward on a dummy packed row, its gradients dropped and the RNG restored
     (parameters and optimizer are untouched): the device's kernels and libraries load, FSDP
-    initialises and compiled layers compile here, while vLLM starts, instead of inside step 0."""
+    initialises and compiled layers compile here, while vLLM starts, instead of inside step 0.
+
+    `tokens` equals no model dimension: dynamo takes equal sizes for the same symbol, and a row of
+    64 tokens, the head_dim of the 0.5B and SmolLM2 shapes, recompiled every layer at step 0."""
     start = time.perf_counter()
     device = next(policy.parameters()).device if par is None else par.device
     ids = torch.ones(1, tokens, dtype=torch.long)

@@ -1,0 +1,53 @@
+"""The compiled chunked LM head: one graph, compiled on the trainer's warm-up row, serves every
+micro-batch length the loop brings (step 0 recompiled three times before: the warm-up's static
+length, a gradient view's base, a 1-row tail chunk)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlfleet.trainer import lm_head
+from rlfleet.trainer.lm_head import chunked_logprobs, spans
+
+
+def test_a_one_row_tail_joins_the_chunk_before_it():
+    assert spans(33, 16) == [(0, 16), (16, 33)]
+    assert spans(32, 16) == [(0, 16), (16, 32)]
+    assert spans(34, 16) == [(0, 16), (16, 32), (32, 34)]
+    assert spans(1, 16) == [(0, 1)]
+    assert spans(10, 16) == [(0, 10)]
+
+
+def _step(n: int, flat_grad: bool) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(n)
+    h = torch.randn(n, 8, generator=g, requires_grad=True)
+    w = torch.randn(24, 8, generator=g, requires_grad=True)
+    tgt = torch.randint(0, 24, (n,), generator=g)
+    # the loop's shapes: [1, T] rows (a gradient that is a view of a 2-D tensor) or flat ones
+    lp, ent = chunked_logprobs(
+        h if flat_grad else h.view(1, n, 8), w, tgt if flat_grad else tgt.view(1, n), 16
+    )
+    (lp.square().sum() + 0.1 * ent.sum()).backward()
+    return lp.detach().reshape(-1), h.grad, w.grad
+
+
+@pytest.mark.usefixtures("_eager_lm_head_after")
+def test_the_compiled_head_compiles_once_and_matches_eager():
+    eager = {(n, flat): _step(n, flat) for n in (96, 33, 50, 17, 40) for flat in (True, False)}
+    lm_head.compile_lm_head()
+    torch._dynamo.reset()
+    _step(96, False)  # the warm-up row's length (trainer.train.warm_up: 97 tokens, 96 targets)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for (n, flat), want in eager.items():
+            got = _step(n, flat)
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture
+def _eager_lm_head_after():
+    saved = lm_head._FWD, lm_head._BWD, lm_head._BWD_ENTROPY
+    yield
+    lm_head._FWD, lm_head._BWD, lm_head._BWD_ENTROPY = saved
+    torch._dynamo.reset()
