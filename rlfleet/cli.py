@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 
 from rlfleet.config.loader import ConfigError, load, raise_if
-from rlfleet.procs import log_to_rank_file
+from rlfleet.procs import log_lines, log_to_rank_file
 
 USAGE = __doc__
 
@@ -91,7 +91,7 @@ def _sft(argv: Sequence[str]) -> int:
         return _submit("sft", cfg)
     if cfg.bench.enabled or "WORLD_SIZE" in os.environ:
         _as_torchrun(["sft", *argv], _train_gpus(cfg.deployment))
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        log_lines()
         if cfg.bench.enabled:
             from rlfleet.trainer.bench import run_bench
 
@@ -164,7 +164,7 @@ def _trainer(argv: Sequence[str]) -> int:
 
     cfg = load(TrainerJobConfig, _bench_args(argv))
     _as_torchrun(["trainer", *argv], cfg.gpu_ids)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_lines()
     if cfg.bench.enabled:
         from rlfleet.trainer.bench import run_bench
 
@@ -222,7 +222,7 @@ def _fleet(argv: Sequence[str]) -> int:
         from rlfleet.config.fleet import FleetConfig
         from rlfleet.fleet.serve import up
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        log_lines()
         logging.getLogger("httpx").setLevel(logging.WARNING)  # the replica watch's health probes
         return up(load(FleetConfig, rest))
     if action == "down" and len(rest) == 1:

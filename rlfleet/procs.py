@@ -10,6 +10,7 @@ was SIGKILLed before it could clean up.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -213,9 +214,21 @@ def log_to_rank_file() -> None:
         return
     path = rank_log(log_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
+    redirect_output(path)
+
+
+def redirect_output(path: str | Path) -> None:
+    """This process's stdout and stderr appended to `path`, as file descriptors 1 and 2, so what C
+    code and child processes write goes there too."""
     sys.stdout.flush()
     sys.stderr.flush()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+def log_lines() -> None:
+    """INFO lines with time and logger, for an rlfleet process other than the flow's (a trainer, an
+    SFT rank, the fleet); its parent gives it the log file as stdout and stderr."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

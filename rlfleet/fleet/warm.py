@@ -26,7 +26,16 @@ from typing import TypedDict
 
 from rlfleet.fleet.attach import held_slot
 from rlfleet.fleet.state import read_state, write_json_atomic
-from rlfleet.procs import ManagedProcess, kill_group, running, this_process, wait_until, write_pidfile
+from rlfleet.procs import (
+    ManagedProcess,
+    kill_group,
+    log_lines,
+    redirect_output,
+    running,
+    this_process,
+    wait_until,
+    write_pidfile,
+)
 
 log = logging.getLogger("rlfleet.fleet")
 WARM, JOB, CLAIMED = "warm.json", "job.json", "claimed.json"
@@ -65,16 +74,12 @@ def serve_one(spool: Path) -> int:
             time.sleep(POLL_S)
     job: Job = json.loads((spool / CLAIMED).read_text())
     os.setsid()  # out of the fleet's process group: the run's trainer now
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    for target in (1, 2):  # the run's trainer log, as a trainer the run started writes
-        os.dup2(fd, target)
+    redirect_output(job["log"])  # the run's trainer log, as a trainer the run started writes
     os.environ.update(job["env"])
     threading.Thread(
         target=_die_with_controller, args=(job,), name="rlfleet-controller-watch", daemon=True
     ).start()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_lines()
     code = 1
     try:  # what `rlfleet trainer @ trainer.toml` runs
         run_trainer(load(TrainerJobConfig, ["@", job["config"]]))
