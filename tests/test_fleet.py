@@ -29,6 +29,7 @@ from rlfleet.fleet.warm import WarmKeeper
 from rlfleet.inference.server import healthy
 from rlfleet.orchestrator.rollout import read_rollout
 from rlfleet.procs import pid_alive, running, wait_until
+from rlfleet.runs.configs import preflight
 from rlfleet.store import RunStore
 from rlfleet.store.layout import TRAINER_UP
 from rlfleet.store.records import read_steps
@@ -92,6 +93,39 @@ def test_a_run_that_names_no_fleet_is_refused_a_fleets_gpus(tiny_model, tmp_path
     assert "GPUs 1 belong to fleet 'g'" in problem and 'fleet = "g"' in problem
     assert fleet_gpu_problems(plain, ["2", "3"]) == []
     assert fleet_gpu_problems(rl_config(tiny_model, tmp_path / "run", max_steps=1, fleet="g"), ["0"]) == []
+
+
+def test_an_attached_run_trains_on_its_replicas_warm_trainer_gpu_never_a_replicas(
+    tiny_model, tmp_path, monkeypatch
+):
+    gpu = FleetConfig(
+        name="g",
+        model=ModelConfig(path=str(tiny_model)),
+        inference=InferenceConfig(num_replicas=2, port=8400, max_model_len=128),
+        gpu_ids=["0", "1"],
+        trainer_gpu_ids=["2", "3"],
+    )
+    write_state(
+        "g", ["http://127.0.0.1:8400", "http://127.0.0.1:8401"], gpu.job(), trainer_gpu_ids=["2", "3"]
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4")
+
+    def run(name: str, train_gpus: int) -> RLConfig:
+        extra = {"deployment.num-train-gpus": str(train_gpus)}
+        return rl_config(tiny_model, tmp_path / name, max_steps=1, fleet="g", **extra)
+
+    a, b = run("a", 1), run("b", 2)
+    with fleet_hold("g", a.output_dir) as slot_a, fleet_hold("g", b.output_dir) as slot_b:
+        assert (slot_a, slot_b) == (0, 1)
+        assert preflight(attach(a), ports=False).trainer_gpus == ["2"]  # its warm trainer's GPU
+        assert preflight(attach(b), ports=False).trainer_gpus == [
+            "3",
+            "4",
+        ]  # then one the fleet does not hold
+        with pytest.raises(ConfigError, match=r"fleet: 'g' holds GPUs 0,1,2 of the visible 0,1,2,3,4"):
+            preflight(attach(run("b", 3)), ports=False)
+    # holding no replica (a check before the hold): none of the fleet's GPUs
+    assert preflight(attach(a), ports=False).trainer_gpus == ["4"]
 
 
 def test_each_run_holds_one_replica_the_rest_wait_and_a_killed_holder_gives_it_back(tiny_model, tmp_path):

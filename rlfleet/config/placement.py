@@ -220,18 +220,20 @@ def served_gpus(
 
 
 def check_gpus(cfg: RLConfig, visible: list[str] | None = None) -> tuple[Placement | None, list[str]]:
-    """The launch check of placement, on the GPUs visible here: (the placement, problems). The
-    config alone cannot tell it: whether vLLM and the trainer share a GPU depends on how many are
-    visible, and whether TP fits depends on the model's heads."""
+    """The launch check of placement, on the GPUs visible here (`gpus_here`): (the placement,
+    problems). The config alone cannot tell it: whether vLLM and the trainer share a GPU depends on
+    how many are visible, and whether TP fits depends on the model's heads."""
+    return _place(cfg, gpus_here(cfg) if visible is None else visible, model_shape(cfg.model.path))
+
+
+def gpus_here(cfg: RLConfig) -> list[str]:
+    """The GPUs visible here, where the run asks for any (none for a CPU run or a multi-node controller)."""
     d = cfg.deployment
-    if visible is None:
-        visible = (
-            []
-            if d.type == "multi_node"
-            or not (d.num_inference_gpus or d.num_train_gpus or any(s.num_gpus for s in cfg.served))
-            else visible_gpus()
-        )
-    return _place(cfg, visible, model_shape(cfg.model.path))
+    if d.type == "multi_node" or not (
+        d.num_inference_gpus or d.num_train_gpus or any(s.num_gpus for s in cfg.served)
+    ):
+        return []
+    return visible_gpus()
 
 
 def model_shape(path: str) -> ModelShape | None:

@@ -74,6 +74,21 @@ def attach(cfg: RLConfig) -> RLConfig:
     return RLConfig.model_validate(data)  # the rules on urls (weight transports) hold for it too
 
 
+def run_gpus(cfg: RLConfig, visible: list[str]) -> list[str]:
+    """The visible GPUs a run attached to its fleet places its own processes on: the warm trainer's
+    GPU beside the replica it holds first (a one-GPU trainer lands there and the warm trainer
+    waiting on it takes the job), then GPUs the fleet does not hold; never a replica's GPU, where
+    the trainer would fight vLLM for memory. A run that names no fleet: `visible` as is."""
+    state = None if cfg.fleet is None else read_state(cfg.fleet)
+    if state is None:
+        return visible
+    trainers = state.get("trainer_gpu_ids", [])
+    slot = held_slot(cfg.fleet, cfg.output_dir)
+    mine = [g for g in trainers[slot : slot + 1] if g in visible] if slot is not None else []
+    held = {*state["gpu_ids"], *trainers}
+    return mine + [g for g in visible if g not in held]
+
+
 def fleet_gpu_problems(cfg: RLConfig, gpus: list[str]) -> list[str]:
     """The run's GPUs that a live fleet other than its own holds."""
     problems = []

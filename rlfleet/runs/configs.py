@@ -11,9 +11,9 @@ from rlfleet.config.loader import raise_if, to_toml
 from rlfleet.config.lora import check_lora
 from rlfleet.config.model import check_model
 from rlfleet.config.models import RLConfig
-from rlfleet.config.placement import Placement, check_gpus
+from rlfleet.config.placement import Placement, check_gpus, gpus_here
 from rlfleet.config.served import check_teacher_tokenizer
-from rlfleet.fleet.attach import attach, fleet_gpu_problems
+from rlfleet.fleet.attach import attach, fleet_gpu_problems, run_gpus
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.runs.lock import check_not_running, reap_earlier_life
 from rlfleet.store import RunDir, RunStore, layout, local_dir, run_store
@@ -64,7 +64,14 @@ def preflight(cfg: RLConfig, ports: bool = True) -> Placement:
     # The flow never submits: a multi_node controller is the one inside the job, given its urls.
     if problem := slurm_missing(cfg.deployment, None, cfg.inference.urls):
         problems.append(problem)
-    placement, placing = check_gpus(cfg)
+    here = gpus_here(cfg)
+    placement, placing = check_gpus(cfg, mine := run_gpus(cfg, here))
+    if placing and mine != here:
+        placing.append(
+            f"fleet: {cfg.fleet!r} holds GPUs {','.join(g for g in here if g not in mine)} of the visible "
+            f"{','.join(here)}; an attached run's trainer goes on its replica's warm-trainer GPU or GPUs "
+            "the fleet does not hold"
+        )
     placing += fleet_gpu_problems(cfg, placement.gpus) if placement is not None else []
     raise_if(problems + placing)
     assert placement is not None  # no problems: placed
