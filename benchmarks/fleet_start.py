@@ -1,10 +1,15 @@
 """Start-up with and without a warm fleet (docs/fleet.md): command start -> step 0's end of the tiny
-CPU job, `rlfleet rl` as a user starts it, cold (it starts its own vLLM, trainer and Prefect server)
+job, `rlfleet rl` as a user starts it, cold (it starts its own vLLM, trainer and Prefect server)
 against attached to a fleet that `rlfleet fleet up` started once before the first run (its replica,
-warm trainer and Prefect server). Paired and alternated per repetition, on one box, so that the load
-of the moment hits both. Then an eval of a checkpoint, cold and on the fleet.
+warm trainer and Prefect server). On a CPU box, paired and alternated per repetition so that the
+load of the moment hits both. Then an eval of a checkpoint, cold and on the fleet.
+
+With --gpus (two GPUs: vLLM on the first, the trainer on the second) the cold runs come first, then
+the fleet holds those GPUs (its replica on the first, its warm trainer on the second) for the
+attached runs: a run that names no fleet may not use a fleet's GPUs.
 
     python benchmarks/fleet_start.py --reps 3 --out benchmarks/results/fleet_start_cpu_2core.json
+    python benchmarks/fleet_start.py --gpus 0,1 --reps 2 --out fleet_start_gpu.json
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from common import ROOT, free_port, machine, median, table, tiny_model, write
 JOB = ROOT / "examples" / "tiny" / "rl.toml"
 
 
-def first_step(model: Path, out: Path, port: int, fleet: str | None, env: dict[str, str]) -> dict[str, Any]:
+def first_step(
+    model: Path, out: Path, port: int, fleet: str | None, env: dict[str, str], extra: list[str]
+) -> dict[str, Any]:
     from rlfleet.store import RunStore
     from rlfleet.store.records import read_steps
 
@@ -38,7 +45,7 @@ def first_step(model: Path, out: Path, port: int, fleet: str | None, env: dict[s
         "--wandb.mode",
         "disabled",
     ]
-    argv += ["--fleet", fleet] if fleet else []
+    argv += (["--fleet", fleet] if fleet else []) + extra
     t0 = time.time()
     with (out.parent / f"{out.name}.log").open("w") as log:
         subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, check=True)
@@ -61,8 +68,17 @@ def eval_wall(model: Path, run: Path, port: int, fleet: str | None, env: dict[st
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--gpus", help="two CUDA devices, e.g. 0,1: vLLM on the first, the trainer on the second")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    gpus = a.gpus.split(",") if a.gpus else []
+    if gpus and len(gpus) != 2:
+        ap.error("--gpus: two devices (vLLM's, the trainer's)")
+    d = "--deployment."
+    cold_args = [f"{d}num-inference-gpus", "1", f"{d}num-train-gpus", "1"] if gpus else []
+    fleet_args = [f"{d}num-train-gpus", "1"] if gpus else []
+    # on GPUs every cold run comes before the fleet holds them; on a CPU box they alternate
+    order = [("cold", i) for i in range(a.reps)] + [("fleet", i) for i in range(a.reps)] if gpus else None
     runs: dict[str, list[dict[str, Any]]] = {"cold": [], "fleet": []}
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
@@ -71,6 +87,11 @@ def main() -> None:
             "RLFLEET_FLEET_DIR": str(tmp / "fleets"),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         }
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+            for i in range(a.reps):
+                runs["cold"].append(first_step(model, tmp / f"cold_{i}", free_port(), None, env, cold_args))
+                print("cold", runs["cold"][-1], flush=True)
         up = [
             sys.executable,
             "-m",
@@ -81,6 +102,7 @@ def main() -> None:
             str(ROOT / "examples" / "tiny" / "fleet.toml"),
         ]
         up += ["--model.path", str(model), "--inference.port", str(port), "--api-port", str(free_port())]
+        up += ["--gpu-ids", '["0"]', "--trainer-gpu-ids", '["1"]'] if gpus else []
         t0 = time.time()
         fleet = subprocess.Popen(
             up, cwd=ROOT, env=env, stdout=(tmp / "fleet.log").open("w"), stderr=subprocess.STDOUT
@@ -91,16 +113,24 @@ def main() -> None:
                     raise RuntimeError((tmp / "fleet.log").read_text()[-3000:])
                 time.sleep(0.5)
             fleet_up_s = time.time() - t0
-            for i in range(a.reps):
-                for v in ("cold", "fleet") if i % 2 == 0 else ("fleet", "cold"):
-                    p = free_port() if v == "cold" else port
-                    runs[v].append(
-                        first_step(model, tmp / f"{v}_{i}", p, "tiny" if v == "fleet" else None, env)
+            pairs = order or [
+                (v, i)
+                for i in range(a.reps)
+                for v in (("cold", "fleet") if i % 2 == 0 else ("fleet", "cold"))
+            ]
+            for v, i in pairs:
+                if v == "cold" and gpus:
+                    continue  # ran before the fleet
+                p, name = (free_port(), None) if v == "cold" else (port, "tiny")
+                runs[v].append(
+                    first_step(
+                        model, tmp / f"{v}_{i}", p, name, env, cold_args if v == "cold" else fleet_args
                     )
-                    print(v, runs[v][-1], flush=True)
+                )
+                print(v, runs[v][-1], flush=True)
             evals = {
                 v: eval_wall(model, tmp / "fleet_0", free_port(), "tiny" if v == "fleet" else None, env)
-                for v in ("cold", "fleet")
+                for v in (("fleet",) if gpus else ("cold", "fleet"))
             }
             print("eval", evals, flush=True)
         finally:
@@ -111,6 +141,7 @@ def main() -> None:
         a.out,
         {
             "job": "examples/tiny/rl.toml, 2 steps, `rlfleet rl` (cold) or `rlfleet rl --fleet tiny`",
+            "gpus": gpus,
             "env": machine() | {"loadavg": os.getloadavg()},
             "fleet_up_s": fleet_up_s,
             "median_first_step_s": med,

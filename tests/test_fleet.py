@@ -19,7 +19,7 @@ from rlfleet.config.fleet import FleetConfig
 from rlfleet.config.inference import InferenceConfig
 from rlfleet.config.loader import ConfigError, load, to_toml
 from rlfleet.config.model import ModelConfig
-from rlfleet.config.models import EvalJobConfig, RLConfig, TrainerJobConfig
+from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig, TrainerJobConfig
 from rlfleet.config.rollouts import EvalConfig
 from rlfleet.fleet.api import FleetApi, check_api_port, use_fleet_api
 from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold, held_by
@@ -71,6 +71,15 @@ def test_a_run_that_would_start_vllm_differently_is_refused_naming_each_argument
                 tiny_model, tmp_path / "run", max_steps=1, fleet="t", **{"inference.urls": '["http://x:1"]'}
             )
         )
+
+
+@pytest.mark.parametrize("example", ["tiny", "smollm2"])
+def test_each_example_fleet_serves_what_its_example_run_would_start(example):
+    fleet = load(FleetConfig, ["@", f"examples/{example}/fleet.toml"])
+    run = load(RLConfig, ["@", f"examples/{example}/rl.toml"])
+    assert fleet.name == example and fleet.model.path == run.model.path
+    own = InferenceJobConfig(model=run.model, seed=run.seed, inference=run.inference, gpu_ids=[])
+    assert mismatches(shape(fleet.job()), shape(own)) == []
 
 
 def test_a_run_that_names_no_fleet_is_refused_a_fleets_gpus(tiny_model, tmp_path):
