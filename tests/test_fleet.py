@@ -90,8 +90,13 @@ def test_a_run_that_names_no_fleet_is_refused_a_fleets_gpus(tiny_model, tmp_path
         gpu_ids=["0", "1"],
     )
     write_state("g", ["http://127.0.0.1:8400", "http://127.0.0.1:8401"], on_gpus.job())
-    with pytest.raises(ValueError, match="trainer_gpu_ids: the warm trainer needs a GPU of its own"):
-        on_gpus.model_validate(on_gpus.model_dump() | {"trainer_gpu_ids": ["1", "2"]})
+    with pytest.raises(ValueError, match="trainer_gpu_ids: 1 is another replica's GPU; replica 0's"):
+        on_gpus.model_validate(on_gpus.model_dump() | {"trainer_gpu_ids": ["1", "0"]})
+    with pytest.raises(ValueError, match="replica 1 shares GPU 1 with its warm trainer"):
+        on_gpus.model_validate(on_gpus.model_dump() | {"trainer_gpu_ids": ["2", "1"]})
+    shared = on_gpus.model_dump() | {"trainer_gpu_ids": ["0", "1"]}
+    shared["inference"]["gpu_memory_utilization"] = 0.45
+    assert on_gpus.model_validate(shared).trainer_gpu_ids == ["0", "1"]  # a one-GPU fleet, twice
     with pytest.raises(ValueError, match=r"trainer_gpu_ids: one per replica \(2\)"):
         on_gpus.model_validate(on_gpus.model_dump() | {"trainer_gpu_ids": ["2"]})
     plain = rl_config(tiny_model, tmp_path / "run", max_steps=1)
@@ -135,6 +140,18 @@ def test_an_attached_run_trains_on_its_replicas_warm_trainer_gpu_never_a_replica
             preflight(attach(run("b", 3)), ports=False)
     # holding no replica (a check before the hold): none of the fleet's GPUs
     assert preflight(attach(a), ports=False).trainer_gpus == ["4"]
+
+    # a one-GPU fleet: the warm trainer shares its replica's GPU, which vLLM's share leaves it room on
+    one = FleetConfig.model_validate(
+        gpu.model_dump()
+        | {"name": "one", "gpu_ids": ["5"], "trainer_gpu_ids": ["5"]}
+        | {"inference": gpu.inference.model_dump() | {"num_replicas": 1, "gpu_memory_utilization": 0.45}}
+    )
+    write_state("one", ["http://127.0.0.1:8400"], one.job(), trainer_gpu_ids=["5"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    c = rl_config(tiny_model, tmp_path / "c", max_steps=1, fleet="one", **{"deployment.num-train-gpus": "1"})
+    with fleet_hold("one", c.output_dir):
+        assert preflight(attach(c), ports=False).trainer_gpus == ["5"]  # the run left vLLM's share unset
 
 
 def test_each_run_holds_one_replica_the_rest_wait_and_a_killed_holder_gives_it_back(tiny_model, tmp_path):

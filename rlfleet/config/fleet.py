@@ -30,8 +30,10 @@ class FleetConfig(Strict):
     )
     trainer_gpu_ids: list[str] = Field(
         default_factory=list,
-        description="One CUDA device per replica, for the warm trainer beside it; empty = CPU. A run "
-        "whose trainer is placed elsewhere starts its own.",
+        description="One CUDA device per replica, for the warm trainer beside it; empty = CPU. It may be "
+        "its own replica's GPU (a one-GPU fleet: vLLM's `inference.gpu_memory_utilization` must leave the "
+        "trainer room, as 0.45 does a one-GPU run), never another replica's. A run whose trainer is "
+        "placed elsewhere starts its own.",
     )
     api_port: int = Field(
         4280,
@@ -48,9 +50,20 @@ class FleetConfig(Strict):
             raise ValueError(
                 f"trainer_gpu_ids: one per replica ({self.inference.num_replicas}), or none for the CPU"
             )
-        if set(self.trainer_gpu_ids) & set(self.gpu_ids):
-            raise ValueError("trainer_gpu_ids: the warm trainer needs a GPU of its own, not a replica's")
         self.job()  # replicas x TP against gpu_ids
+        tp = self.inference.tensor_parallel_size
+        for i, gpu in enumerate(self.trainer_gpu_ids):
+            own = self.gpu_ids[i * tp : (i + 1) * tp]
+            if gpu in self.gpu_ids and gpu not in own:
+                raise ValueError(
+                    f"trainer_gpu_ids: {gpu} is another replica's GPU; replica {i}'s warm trainer goes on "
+                    f"its own replica's ({','.join(own)}) or on one no replica uses"
+                )
+            if gpu in own and self.inference.gpu_memory_utilization is None:
+                raise ValueError(
+                    f"inference.gpu_memory_utilization: replica {i} shares GPU {gpu} with its warm trainer; "
+                    "set vLLM's share so that the trainer has room (a one-GPU run takes 0.45)"
+                )
         return self
 
     def job(self, output_dir: str = "outputs/fleet") -> InferenceJobConfig:

@@ -46,10 +46,17 @@ def fleet_urls(name: str, model: ModelConfig, inference: InferenceConfig, seed: 
     state = _live(name)
     if inference.urls:
         raise ConfigError("fleet, inference.urls: name one; a fleet gives its own replicas' urls")
+    update: dict[str, object] = {"num_replicas": 1}
+    if inference.gpu_memory_utilization is None and (
+        share := state["server"].get("--gpu-memory-utilization")
+    ):
+        update["gpu_memory_utilization"] = float(
+            share
+        )  # unset: the placement's to pick, and it starts no vLLM
     one = InferenceJobConfig(
         model=model,
         seed=seed,
-        inference=inference.model_copy(update={"num_replicas": 1}),
+        inference=inference.model_copy(update=update),
         gpu_ids=state["gpu_ids"][: inference.tensor_parallel_size],
     )
     if diffs := mismatches(state["server"], shape(one)):
