@@ -4,12 +4,12 @@ against attached to a fleet that `rlfleet fleet up` started once before the firs
 warm trainer and Prefect server). On a CPU box, paired and alternated per repetition so that the
 load of the moment hits both. Then an eval of a checkpoint, cold and on the fleet.
 
-With --gpus (two GPUs: vLLM on the first, the trainer on the second) the cold runs come first, then
-the fleet holds those GPUs (its replica on the first, its warm trainer on the second) for the
-attached runs: a run that names no fleet may not use a fleet's GPUs.
+With --gpus (one GPU that vLLM and the trainer share, or two: vLLM on the first, the trainer on the
+second) the cold runs come first, then the fleet holds those GPUs (its replica, its warm trainer)
+for the attached runs: a run that names no fleet may not use a fleet's GPUs.
 
     python benchmarks/fleet_start.py --reps 3 --out benchmarks/results/fleet_start_cpu_2core.json
-    python benchmarks/fleet_start.py --gpus 0,1 --reps 2 --out fleet_start_gpu.json
+    python benchmarks/fleet_start.py --gpus 0 --reps 2 --out fleet_start_gpu.json
 """
 
 from __future__ import annotations
@@ -68,17 +68,17 @@ def eval_wall(model: Path, run: Path, port: int, fleet: str | None, env: dict[st
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--gpus", help="two CUDA devices, e.g. 0,1: vLLM on the first, the trainer on the second")
+    ap.add_argument(
+        "--gpus", help="CUDA devices: 0 (shared) or 0,1 (vLLM on the first, the trainer on the second)"
+    )
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     gpus = a.gpus.split(",") if a.gpus else []
-    if gpus and len(gpus) != 2:
-        ap.error("--gpus: two devices (vLLM's, the trainer's)")
+    if len(gpus) > 2:
+        ap.error("--gpus: one device (shared) or two (vLLM's, the trainer's)")
     d = "--deployment."
     cold_args = [f"{d}num-inference-gpus", "1", f"{d}num-train-gpus", "1"] if gpus else []
     fleet_args = [f"{d}num-train-gpus", "1"] if gpus else []
-    # on GPUs every cold run comes before the fleet holds them; on a CPU box they alternate
-    order = [("cold", i) for i in range(a.reps)] + [("fleet", i) for i in range(a.reps)] if gpus else None
     runs: dict[str, list[dict[str, Any]]] = {"cold": [], "fleet": []}
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
@@ -87,7 +87,7 @@ def main() -> None:
             "RLFLEET_FLEET_DIR": str(tmp / "fleets"),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         }
-        if gpus:
+        if gpus:  # every cold run before the fleet holds the GPUs; on a CPU box they alternate
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
             for i in range(a.reps):
                 runs["cold"].append(first_step(model, tmp / f"cold_{i}", free_port(), None, env, cold_args))
@@ -102,7 +102,9 @@ def main() -> None:
             str(ROOT / "examples" / "tiny" / "fleet.toml"),
         ]
         up += ["--model.path", str(model), "--inference.port", str(port), "--api-port", str(free_port())]
-        up += ["--gpu-ids", '["0"]', "--trainer-gpu-ids", '["1"]'] if gpus else []
+        if gpus:  # the ids as CUDA_VISIBLE_DEVICES names them: the replica's first, the trainer's last
+            up += ["--gpu-ids", f'["{gpus[0]}"]', "--trainer-gpu-ids", f'["{gpus[-1]}"]']
+            up += ["--inference.gpu-memory-utilization", "0.45"] if len(gpus) == 1 else []
         t0 = time.time()
         fleet = subprocess.Popen(
             up, cwd=ROOT, env=env, stdout=(tmp / "fleet.log").open("w"), stderr=subprocess.STDOUT
@@ -113,14 +115,16 @@ def main() -> None:
                     raise RuntimeError((tmp / "fleet.log").read_text()[-3000:])
                 time.sleep(0.5)
             fleet_up_s = time.time() - t0
-            pairs = order or [
-                (v, i)
-                for i in range(a.reps)
-                for v in (("cold", "fleet") if i % 2 == 0 else ("fleet", "cold"))
-            ]
+            pairs = (
+                [("fleet", i) for i in range(a.reps)]
+                if gpus
+                else [
+                    (v, i)
+                    for i in range(a.reps)
+                    for v in (("cold", "fleet") if i % 2 == 0 else ("fleet", "cold"))
+                ]
+            )
             for v, i in pairs:
-                if v == "cold" and gpus:
-                    continue  # ran before the fleet
                 p, name = (free_port(), None) if v == "cold" else (port, "tiny")
                 runs[v].append(
                     first_step(
