@@ -29,7 +29,7 @@ from rlfleet.fleet.warm import WarmKeeper
 from rlfleet.inference.server import healthy
 from rlfleet.orchestrator.rollout import read_rollout
 from rlfleet.procs import pid_alive, running, wait_until
-from rlfleet.runs.configs import preflight
+from rlfleet.runs.configs import preflight, resolve
 from rlfleet.store import RunStore
 from rlfleet.store.layout import TRAINER_UP
 from rlfleet.store.records import read_steps
@@ -152,6 +152,10 @@ def test_an_attached_run_trains_on_its_replicas_warm_trainer_gpu_never_a_replica
     c = rl_config(tiny_model, tmp_path / "c", max_steps=1, fleet="one", **{"deployment.num-train-gpus": "1"})
     with fleet_hold("one", c.output_dir):
         assert preflight(attach(c), ports=False).trainer_gpus == ["5"]  # the run left vLLM's share unset
+        resolved, _ = resolve(c, ports=False)
+        # sized as a one-GPU run is: vLLM's share is the fleet's, and its replica is on a GPU
+        assert resolved.inference.gpu_memory_utilization == 0.45
+        assert resolved.inference.dtype == "bfloat16" and resolved.trainer.micro_batch_tokens is None
 
 
 def test_each_run_holds_one_replica_the_rest_wait_and_a_killed_holder_gives_it_back(tiny_model, tmp_path):

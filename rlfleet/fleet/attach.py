@@ -78,7 +78,21 @@ def attach(cfg: RLConfig) -> RLConfig:
         urls = urls[slot : slot + 1]  # the replica the run holds; its checks see them all
     data = cfg.model_dump()
     data["inference"] |= {"urls": urls, "num_replicas": len(urls)}
+    if cfg.inference.gpu_memory_utilization is None:  # the fleet's share, which its trainer sizing reads
+        share = _live(cfg.fleet)["server"].get("--gpu-memory-utilization")
+        data["inference"]["gpu_memory_utilization"] = float(share) if share else None
     return RLConfig.model_validate(data)  # the rules on urls (weight transports) hold for it too
+
+
+def replica_gpus(cfg: RLConfig) -> list[str]:
+    """The GPUs of the fleet replica the run holds: where its vLLM is, for what depends on placement
+    (vLLM's dtype, whether the trainer shares its GPU: `config/gpu_defaults.py`); [] for none."""
+    state = None if cfg.fleet is None else read_state(cfg.fleet)
+    slot = held_slot(cfg.fleet, cfg.output_dir)
+    if state is None or slot is None:
+        return []
+    tp = cfg.inference.tensor_parallel_size
+    return state["gpu_ids"][slot * tp : (slot + 1) * tp]
 
 
 def run_gpus(cfg: RLConfig, visible: list[str]) -> list[str]:

@@ -13,7 +13,7 @@ from rlfleet.config.model import check_model
 from rlfleet.config.models import RLConfig
 from rlfleet.config.placement import Placement, check_gpus, gpus_here
 from rlfleet.config.served import check_teacher_tokenizer
-from rlfleet.fleet.attach import attach, fleet_gpu_problems, run_gpus
+from rlfleet.fleet.attach import attach, fleet_gpu_problems, replica_gpus, run_gpus
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.runs.lock import check_not_running, reap_earlier_life
 from rlfleet.store import RunDir, RunStore, layout, local_dir, run_store
@@ -96,7 +96,8 @@ def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, Placement]:
     """The config a run executes (cores split, placement defaults filled) after its preflight, and
     its placement: what the flow runs and what `runs/early.py` starts. ports=True (a launch):
     first reaps what a killed controller of this run left running. A run that names a fleet gets
-    its replicas as `inference.urls` (fleet/attach.py)."""
+    its replica as `inference.urls` and is sized as if it had started that replica where the fleet
+    did (fleet/attach.py)."""
     config = attach(config)
     if ports:  # a launch: a live controller of this run holds its ports; say that, not "port in use"
         check_not_running(local_dir(config.output_dir), config.output_dir)
@@ -106,4 +107,4 @@ def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, Placement]:
         reap_earlier_life(config.output_dir)
     cfg = split_cpus(config)  # async on a CPU box: vLLM and the trainer on separate cores
     p = preflight(cfg, ports)
-    return gpu_defaults(cfg, p.inference_gpus, p.trainer_gpus), p
+    return gpu_defaults(cfg, p.inference_gpus or replica_gpus(cfg), p.trainer_gpus), p
