@@ -43,20 +43,18 @@ def _live(name: str) -> FleetState:
 def fleet_urls(name: str, model: ModelConfig, inference: InferenceConfig, seed: int) -> list[str]:
     """Fleet `name`'s replicas, for a run or an eval whose own replicas would be `model` served as
     `inference`; a ConfigError when the fleet is not up or serves differently."""
-    state = _live(name)
+    return _checked_urls(name, _live(name), model, inference, seed)
+
+
+def _checked_urls(
+    name: str, state: FleetState, model: ModelConfig, inference: InferenceConfig, seed: int
+) -> list[str]:
     if inference.urls:
         raise ConfigError("fleet, inference.urls: name one; a fleet gives its own replicas' urls")
-    update: dict[str, object] = {"num_replicas": 1}
-    if inference.gpu_memory_utilization is None and (
-        share := state["server"].get("--gpu-memory-utilization")
-    ):
-        update["gpu_memory_utilization"] = float(
-            share
-        )  # unset: the placement's to pick, and it starts no vLLM
     one = InferenceJobConfig(
         model=model,
         seed=seed,
-        inference=inference.model_copy(update=update),
+        inference=_attached_inference(inference, state).model_copy(update={"num_replicas": 1}),
         gpu_ids=state["gpu_ids"][: inference.tensor_parallel_size],
     )
     if diffs := mismatches(state["server"], shape(one)):
@@ -68,19 +66,29 @@ def fleet_urls(name: str, model: ModelConfig, inference: InferenceConfig, seed: 
     return state["urls"]
 
 
+def _attached_inference(inference: InferenceConfig, state: FleetState) -> InferenceConfig:
+    """`inference` as a run attached to the fleet has it: vLLM's share, where the run leaves it unset
+    (the placement's to pick, and it starts no vLLM), is the fleet's, which its trainer sizing reads."""
+    share = state["server"].get("--gpu-memory-utilization")
+    if inference.gpu_memory_utilization is not None or not share:
+        return inference
+    return inference.model_copy(update={"gpu_memory_utilization": float(share)})
+
+
 def attach(cfg: RLConfig) -> RLConfig:
     """`cfg` with its fleet's replica as `inference.urls`, the one it holds (`fleet_hold`); all of
     them where it holds none (a check); unchanged when it names no fleet."""
     if cfg.fleet is None:
         return cfg
-    urls = fleet_urls(cfg.fleet, cfg.model, cfg.inference, cfg.seed)
+    state = _live(cfg.fleet)
+    urls = _checked_urls(cfg.fleet, state, cfg.model, cfg.inference, cfg.seed)
     if (slot := held_slot(cfg.fleet, cfg.output_dir)) is not None:
         urls = urls[slot : slot + 1]  # the replica the run holds; its checks see them all
     data = cfg.model_dump()
-    data["inference"] |= {"urls": urls, "num_replicas": len(urls)}
-    if cfg.inference.gpu_memory_utilization is None:  # the fleet's share, which its trainer sizing reads
-        share = _live(cfg.fleet)["server"].get("--gpu-memory-utilization")
-        data["inference"]["gpu_memory_utilization"] = float(share) if share else None
+    data["inference"] = _attached_inference(cfg.inference, state).model_dump() | {
+        "urls": urls,
+        "num_replicas": len(urls),
+    }
     return RLConfig.model_validate(data)  # the rules on urls (weight transports) hold for it too
 
 
