@@ -350,7 +350,10 @@ def main() -> None:
             "--trainer.checkpoint-interval", str(a.steps), "--inference.port", str(free_port()), "--wandb.mode", "disabled"]
     # fmt: on
     argv += ["--eval.num-examples", str(a.eval_examples)] if a.eval_examples else []
-    argv += ["--deployment.num-inference-gpus", "1", "--deployment.num-train-gpus", "1"] if cuda else []
+    if cuda:  # a run attached to a fleet (`--fleet NAME`) starts no vLLM: its trainer's GPU only
+        attached = "--fleet" in [*a.rlfleet_arg, *extra]
+        argv += [] if attached else ["--deployment.num-inference-gpus", "1"]
+        argv += ["--deployment.num-train-gpus", "1"]
     argv += [*a.rlfleet_arg, *extra]
     cfg = load(RLConfig, argv)
     o = cfg.orchestrator
