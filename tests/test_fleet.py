@@ -23,7 +23,7 @@ from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig, T
 from rlfleet.config.rollouts import EvalConfig
 from rlfleet.fleet.api import FleetApi, check_api_port, use_fleet_api
 from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold, held_by
-from rlfleet.fleet.serve import serve
+from rlfleet.fleet.serve import check_gpus, serve
 from rlfleet.fleet.state import fleet_dir, mismatches, read_state, shape, write_state
 from rlfleet.fleet.warm import WarmKeeper
 from rlfleet.inference.server import healthy
@@ -109,6 +109,22 @@ def test_a_run_that_names_no_fleet_is_refused_a_fleets_gpus(tiny_model, tmp_path
     assert fleet_gpu_problems(rl_config(tiny_model, tmp_path / "run", max_steps=1, fleet="g"), ["0"]) == []
 
 
+def test_a_fleet_on_a_gpu_this_process_cannot_see_is_refused_naming_the_visible_ones(tiny_model):
+    # CUDA_VISIBLE_DEVICES=1 makes GPU 1 the one visible; ids are its names, never indices into it
+    fleet = FleetConfig(
+        name="g",
+        model=ModelConfig(path=str(tiny_model)),
+        inference=InferenceConfig(gpu_memory_utilization=0.45),
+        gpu_ids=["0"],
+        trainer_gpu_ids=["0"],
+    )
+    problems = check_gpus(fleet, ["1"])
+    assert [p.split(":")[0] for p in problems] == ["gpu_ids", "trainer_gpu_ids"]
+    assert "GPU 0 is not visible here; visible: 1" in problems[0]
+    assert check_gpus(fleet, ["0", "1"]) == []
+    assert check_gpus(_fleet(tiny_model, 8600), []) == []  # a CPU fleet names no GPU
+
+
 def test_an_attached_run_trains_on_its_replicas_warm_trainer_gpu_never_a_replicas(
     tiny_model, tmp_path, monkeypatch
 ):
@@ -152,10 +168,16 @@ def test_an_attached_run_trains_on_its_replicas_warm_trainer_gpu_never_a_replica
     c = rl_config(tiny_model, tmp_path / "c", max_steps=1, fleet="one", **{"deployment.num-train-gpus": "1"})
     with fleet_hold("one", c.output_dir):
         assert preflight(attach(c), ports=False).trainer_gpus == ["5"]  # the run left vLLM's share unset
-        resolved, _ = resolve(c, ports=False)
+        resolved, placement = resolve(c, ports=False)
+        assert placement.describe() == (
+            "colocated: inference: replica 0 on GPUs 5 (tp 1); trainer: 1 FSDP rank on GPU 5; shared: GPU 5; "
+            "weights: cuda_ipc"
+        )
         # sized as a one-GPU run is: vLLM's share is the fleet's, and its replica is on a GPU
         assert resolved.inference.gpu_memory_utilization == 0.45
         assert resolved.inference.dtype == "bfloat16" and resolved.trainer.micro_batch_tokens is None
+        # its trainer shares the replica's GPU: weights go over CUDA IPC, not through files
+        assert resolved.weights.transport == "cuda_ipc"
 
 
 def test_each_run_holds_one_replica_the_rest_wait_and_a_killed_holder_gives_it_back(tiny_model, tmp_path):

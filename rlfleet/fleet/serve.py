@@ -15,6 +15,7 @@ from rlfleet.config.fleet import FleetConfig
 from rlfleet.config.inference import check_ports
 from rlfleet.config.loader import ConfigError, raise_if
 from rlfleet.config.model import check_model
+from rlfleet.config.placement import visible_gpus
 from rlfleet.fleet.api import FleetApi, check_api_port
 from rlfleet.fleet.state import FleetState, fleet_dir, read_state, remove_state, write_state
 from rlfleet.fleet.warm import WarmKeeper
@@ -25,13 +26,29 @@ log = logging.getLogger("rlfleet.fleet")
 KEEP_S = 1.0  # how often the fleet looks at its Prefect server
 
 
-def preflight(cfg: FleetConfig) -> None:
-    """What must hold before a replica starts: one fleet of a name, its model, free ports."""
+def preflight(cfg: FleetConfig, visible: list[str] | None = None) -> None:
+    """What must hold before a replica starts: one fleet of a name, its model, its GPUs, free ports."""
     if (up := read_state(cfg.name)) is not None:
         raise ConfigError(
             f"name: fleet {cfg.name!r} is already up (pid {up['pid']}): `rlfleet fleet down {cfg.name}` first"
         )
-    raise_if(check_model(cfg.model) + check_ports(cfg.inference) + check_api_port(cfg))
+    problems = check_model(cfg.model) + check_gpus(cfg, visible) + check_ports(cfg.inference)
+    raise_if(problems + check_api_port(cfg))
+
+
+def check_gpus(cfg: FleetConfig, visible: list[str] | None = None) -> list[str]:
+    """gpu_ids and trainer_gpu_ids name GPUs as CUDA_VISIBLE_DEVICES does, as a run's placement does:
+    one this process cannot see would put a replica where another process already is."""
+    if not (cfg.gpu_ids or cfg.trainer_gpu_ids):
+        return []
+    visible = visible_gpus() if visible is None else visible
+    where = f"visible: {','.join(visible) or 'none'} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+    return [
+        f"{field}: GPU {gpu} is not visible here; {where}"
+        for field, ids in (("gpu_ids", cfg.gpu_ids), ("trainer_gpu_ids", cfg.trainer_gpu_ids))
+        for gpu in ids
+        if gpu not in visible
+    ]
 
 
 def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None = None) -> FleetState:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from rlfleet.config.deployment import slurm_missing
@@ -11,7 +12,7 @@ from rlfleet.config.loader import raise_if, to_toml
 from rlfleet.config.lora import check_lora
 from rlfleet.config.model import check_model
 from rlfleet.config.models import RLConfig
-from rlfleet.config.placement import Placement, check_gpus, gpus_here
+from rlfleet.config.placement import Placement, check_gpus, gpus_here, shares
 from rlfleet.config.served import check_teacher_tokenizer
 from rlfleet.fleet.attach import attach, fleet_gpu_problems, replica_gpus, run_gpus
 from rlfleet.orchestrator.envs import check_envs
@@ -107,4 +108,9 @@ def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, Placement]:
         reap_earlier_life(config.output_dir)
     cfg = split_cpus(config)  # async on a CPU box: vLLM and the trainer on separate cores
     p = preflight(cfg, ports)
-    return gpu_defaults(cfg, p.inference_gpus or replica_gpus(cfg), p.trainer_gpus), p
+    fleet_gpus = [] if p.inference_gpus else replica_gpus(cfg)
+    resolved = gpu_defaults(cfg, p.inference_gpus or fleet_gpus, p.trainer_gpus)
+    if fleet_gpus:  # attached: its replica is the fleet's, on the fleet's GPUs; the log and lease say so
+        mode = "colocated" if shares(fleet_gpus, p.trainer_gpus) else "disaggregated"
+        p = replace(p, mode=mode, replicas=(tuple(fleet_gpus),), transport=resolved.weights.transport)
+    return resolved, p
