@@ -88,4 +88,5 @@ def test_a_cpu_replica_leaves_a_core_to_its_api_server_and_the_controller():
     assert pinned["VLLM_CPU_OMP_THREADS_BIND"] == "0" and "OMP_NUM_THREADS" not in pinned
     on_gpu = env(gpu_ids=["0"])
     assert on_gpu["CUDA_VISIBLE_DEVICES"] == "0"
+    assert on_gpu["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"  # its engine core inherits the imports
     assert not {"VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "TORCHDYNAMO_DISABLE"} & set(on_gpu)

@@ -108,6 +108,11 @@ def replica_env(cfg: InferenceJobConfig, index: int) -> dict[str, str]:
     if cfg.num_gpus:
         tp = cfg.inference.tensor_parallel_size
         env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpu_ids[index * tp : (index + 1) * tp])
+        # vLLM's server entrypoint sets `spawn` where this is unset: its engine core then runs the
+        # api_server module again as __main__, every import a second time (a cold H200 host: 20+ s
+        # of the replica's ~125 s start, docs/benchmarks/learning.md). Forked, it inherits them;
+        # vLLM itself falls back to spawn where the server has initialised CUDA.
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "fork")
         return env
     # CPU: the engine in the server's process tree without its own multiprocessing layer.
     # Measured here (2 cores, tiny model): ready in 32 s instead of 53-78 s, same tokens/s
