@@ -376,10 +376,10 @@ def test_a_fleet_keeps_a_prefect_server_that_its_runs_use(tiny_model, tmp_path, 
 
 
 def test_a_warm_trainer_taken_by_a_run_goes_with_its_controller_and_a_fresh_one_waits(tiny_model, tmp_path):
-    """A run's controller hands its trainer job to the fleet's warm trainer: it trains in the run's
-    log as the run's trainer, and when the controller is SIGKILLed it exits (as a trainer the run
+    """A run's controller hands its trainer job to the fleet's warm trainer, which compiled the
+    fleet's model while it waited: it trains in the run's log as the run's trainer, and when the controller is SIGKILLed it exits (as a trainer the run
     started would); the fleet starts a fresh one, which no run has touched."""
-    keeper = WarmKeeper(tmp_path / "t", 0, []).start()
+    keeper = WarmKeeper(tmp_path / "t", 0, [], str(tiny_model), "float32").start()
     try:
         warm = json.loads(wait_until(lambda: _read(keeper.spool / "warm.json"), 120, what="a warm trainer"))
         out = tmp_path / "run"
@@ -402,6 +402,8 @@ def test_a_warm_trainer_taken_by_a_run_goes_with_its_controller_and_a_fresh_one_
             text=True,
         )
         assert int(controller.stdout.readline()) == warm["pid"]
+        # before any job it built the fleet's model and ran the warm-up once (compiled, on a GPU)
+        assert f"precompiled {tiny_model} (float32)" in keeper.process.log_path.read_text()
         assert pid_alive(pidfile) == warm["pid"]  # the run's pidfile: a rerun's reap would find it
         store = RunStore(str(out))
         wait_until(lambda: store.exists(TRAINER_UP), 120, what="the taken trainer to load its model")

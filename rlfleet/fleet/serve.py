@@ -58,7 +58,9 @@ def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None
     job = cfg.job(str(home))
     pool, api = InferencePool(job), FleetApi(cfg, home)
     n = cfg.inference.num_replicas
-    trainers = [WarmKeeper(home, i, cfg.trainer_gpu_ids[i : i + 1]) for i in range(n)] if cfg.trainer else []
+    m = cfg.model
+    trainers = [WarmKeeper(home, i, cfg.trainer_gpu_ids[i : i + 1], m.path, m.dtype) for i in range(n)]
+    trainers = trainers if cfg.trainer else []
     try:
         pool.start()
         api.start()  # beside the replicas

@@ -2,11 +2,17 @@
 trainer: ~5-10 s on 2 cores, the trainer's whole start on a GPU host once vLLM is warm) and waits, on
 the fleet's trainer device, for one run's trainer job.
 
+While it waits it builds the fleet's base model as a trainer with default settings would, runs the
+warm-up once and drops it (`precompile`): the kernels load and the layers compile before any run,
+so a run's own build finds them in dynamo's and inductor's caches (a fresh H200 host: 31 s of an
+attached run's step 0 otherwise). A run with other settings compiles what differs, as a cold one does.
+
 A run on the fleet hands it its `trainer.toml` (`claim`). From then on the process is that run's
 trainer: its own process group (the run stops it, a rerun's reap kills it by the run's pidfile),
 the run's trainer log, and it exits with the job, or when the run's controller dies (as a trainer
 the run started does, by PR_SET_PDEATHSIG). The fleet then starts a fresh one: no model, optimizer
-or compiled graph passes from one run to the next.
+or compiled graph passes from one run to the next (the precompiled graphs are the base model's,
+traced before any run, and hold no weights).
 
 Files in `<fleet dir>/<name>/trainer/`: `warm.json` (the waiting process: pid and start time) and
 `job.json` (a run's hand-off; the process renames it to `claimed.json` as it takes it)."""
@@ -59,13 +65,19 @@ def clear(spool: Path) -> None:
         (spool / name).unlink(missing_ok=True)
 
 
-def serve_one(spool: Path) -> int:
-    """The warm process: say where it is, pay the imports, take one job, run it, exit with it."""
+def serve_one(spool: Path, model: str | None = None, dtype: str = "float32") -> int:
+    """The warm process: say where it is, pay the imports and the fleet model's compile, take one
+    job, run it, exit with it."""
     write_json_atomic(spool / WARM, this_process())
     from rlfleet.config.loader import load
     from rlfleet.config.models import TrainerJobConfig
     from rlfleet.trainer.rl import run_trainer  # the imports a trainer pays, paid now
 
+    if model is not None:
+        try:
+            print(f"precompiled {model} ({dtype}) in {precompile(model, dtype):.1f} s", flush=True)
+        except Exception as e:  # noqa: BLE001 - the run's trainer then compiles, as a cold one does
+            print(f"precompile of {model} failed, the run's trainer compiles: {e!r}", flush=True)
     while True:
         try:
             os.rename(spool / JOB, spool / CLAIMED)  # atomic: taken once
@@ -87,6 +99,33 @@ def serve_one(spool: Path) -> int:
     finally:
         Path(job["exit_file"]).write_text(str(code))
     return code
+
+
+def precompile(model: str, dtype: str) -> float:
+    """Build `model` as a trainer with default settings does on this device, run its warm-up (one
+    forward and backward: kernels, FSDP, compiled layers and LM head), then drop model, optimizer and
+    process group; returns the seconds."""
+    import gc
+
+    import torch
+
+    from rlfleet.config.model import ModelConfig
+    from rlfleet.config.models import TrainerJobConfig
+    from rlfleet.trainer.loop import build
+    from rlfleet.trainer.parallel import teardown
+    from rlfleet.trainer.train import warm_up
+
+    start = time.perf_counter()
+    par, policy, optimizer = build(TrainerJobConfig(model=ModelConfig(path=model, dtype=dtype)), model)
+    try:
+        warm_up(policy, par)
+    finally:
+        del policy, optimizer
+        teardown(par)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return time.perf_counter() - start
 
 
 def _die_with_controller(job: Job) -> None:
@@ -221,14 +260,14 @@ class WarmKeeper:
 
     RETRY_S = 30.0
 
-    def __init__(self, home: Path, slot: int, gpu_ids: list[str]):
+    def __init__(self, home: Path, slot: int, gpu_ids: list[str], model: str, dtype: str):
         self.spool = spool_of(home / "trainer", slot)
         env = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         if gpu_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
         self.process = ManagedProcess(
             name=f"trainer_{slot}",
-            cmd=[sys.executable, "-m", "rlfleet.fleet.warm", str(self.spool)],
+            cmd=[sys.executable, "-m", "rlfleet.fleet.warm", str(self.spool), model, dtype],
             log_path=home / "logs" / "trainer" / f"warm_{slot}.log",
             pidfile=home / "run" / f"trainer_{slot}.pid",
             env=env,
@@ -267,4 +306,4 @@ class WarmKeeper:
 
 
 if __name__ == "__main__":
-    sys.exit(serve_one(Path(sys.argv[1])))
+    sys.exit(serve_one(Path(sys.argv[1]), *sys.argv[2:4]))
