@@ -12,6 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -355,6 +356,10 @@ def test_a_fleet_keeps_a_prefect_server_that_its_runs_use(tiny_model, tmp_path, 
             f"api_port: port {port} on 127.0.0.1 is in use (another Prefect server?)"
         ]
         assert (tmp_path / "t" / "prefect" / "prefect.db").is_file()  # its own home, not the user's
+        # the fleet's GPUs as 1-slot limits on its API: runs attached to it lease them there
+        assert api.lease_gpus(["3", "4"]) == ["gpu-3", "gpu-4"]
+        limits = httpx.post(f"{api.url}/v2/concurrency_limits/filter", json={}).json()
+        assert {(g["name"], g["limit"]) for g in limits} >= {("gpu-3", 1), ("gpu-4", 1)}
 
         first = api.server.pid
         os.kill(first, signal.SIGKILL)  # its guard: the server goes with it

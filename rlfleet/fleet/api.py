@@ -79,6 +79,19 @@ class FleetApi:
     def healthy(self) -> bool:
         return healthy(self.url)
 
+    def lease_gpus(self, gpus: list[str]) -> list[str]:
+        """Create the per-GPU concurrency limits (`gpu-<id>`, 1 slot) of the fleet's GPUs on its API:
+        an attached run, a UI rerun or a scheduled eval then leases the GPUs of the replica it holds,
+        as a run from a deployment does (workers/leases.py); without them the lease is skipped."""
+        if not gpus:
+            return []
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        from rlfleet.workers.leases import ensure_gpu_limits
+
+        with temporary_settings(updates={PREFECT_API_URL: self.url}):
+            return ensure_gpu_limits(gpus)
+
     def keep(self) -> None:
         """Start the server again if it died; the runs' clients retry while it comes back."""
         if self.server is None or self.server.alive():

@@ -68,7 +68,9 @@ def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None
             t.start()
         urls = pool.ensure()
         spools = str(home / "trainer") if trainers else ""
-        state = write_state(cfg.name, urls, job, api.wait_ready(), spools, cfg.trainer_gpu_ids)
+        api_url = api.wait_ready()
+        api.lease_gpus(sorted({*cfg.gpu_ids, *cfg.trainer_gpu_ids}))
+        state = write_state(cfg.name, urls, job, api_url, spools, cfg.trainer_gpu_ids)
         log.info(
             "fleet %s up: %s serving %s, Prefect API %s, %s; runs attach with fleet = %r",
             cfg.name,
