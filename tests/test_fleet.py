@@ -240,14 +240,35 @@ def _trainer_pid(out) -> int:
 
 
 @pytest.mark.e2e
-def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefect_api, tmp_path):
-    """Run A trains on the fleet and leaves its weights on the replica; run B attaches next and its
-    step 0 samples from the base model (its sampler's logprobs are the base model's, teacher-forced
-    by HF), not from A's weights. Each run's trainer is the warm one the fleet had waiting, and a
-    fresh one waits after each. The replica is the one the fleet started, still serving after both;
-    killed, the fleet relaunches it from the base model."""
+def _samples_from_base(tiny_model, out) -> float:
+    """How far run `out`'s step-0 sampled logprobs are from the base model's, teacher-forced by HF."""
     from transformers import AutoModelForCausalLM
 
+    from rlfleet.trainer.lm_head import token_logprobs
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model)
+    first = read_rollout(RunStore(str(out)), 0)[0]
+    ids = torch.tensor([first["input_ids"]])
+    with torch.no_grad():
+        ref = token_logprobs(hf(input_ids=ids).logits[:, :-1], ids[:, 1:])[0].tolist()
+    sampled = [i for i, m in enumerate(first["loss_mask"]) if m]
+    return max(abs(first["logprobs"][i] - ref[i - 1]) for i in sampled)
+
+
+def _lock(name: str) -> dict:
+    return json.loads((fleet_dir() / f"{name}.0.lock").read_text() or "{}")
+
+
+def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefect_api, tmp_path):
+    """Run A trains on the fleet and, finished, loads the base model back onto its replica (marked
+    clean: run B skips that load). An eval then leaves run A's checkpoint there (unmarked), and run C,
+    attaching next, samples its step 0 from the base model, not from those weights (its sampler's
+    logprobs are the base model's, teacher-forced by HF). Each run's trainer is the warm one the
+    fleet had waiting, and a fresh one waits after each. The replica is the one the fleet started,
+    still serving after all; killed, the fleet relaunches it from the base model."""
+    from transformers import AutoModelForCausalLM
+
+    from rlfleet.fleet.attach import model_fingerprint
     from rlfleet.flows.eval import eval_flow
     from rlfleet.flows.rl import rl
     from rlfleet.trainer.files import checkpoint_model_path, latest_checkpoint
@@ -266,32 +287,24 @@ def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefe
         replica_pid = pid_alive(pidfile)
         prompt = [1, *range(40, 60)]
         base = prompt_logprobs(url, prompt)
+        clean = model_fingerprint(str(tiny_model))
+        assert _lock("t")["serves"] == clean  # started from the base model
 
         warm_a = _warm_pid()
         a = rl(config=rl_config(tiny_model, tmp_path / "a", max_steps=2, fleet="t"), return_state=True)
         assert a.is_completed(), a
         assert _trainer_pid(tmp_path / "a") == warm_a, "run A started a trainer of its own"
         warm_b = wait_until(lambda: (p := _warm_pid()) != warm_a and p, 120, what="a fresh warm trainer")
-        assert max(abs(x - y) for x, y in zip(prompt_logprobs(url, prompt), base, strict=True)) > 1e-3, (
-            "run A's weights stay on the fleet's replica after it ends: what B must not sample from"
-        )
+        # finished, run A gave the replica back serving the base model, and said so in its lock
+        assert max(abs(x - y) for x, y in zip(prompt_logprobs(url, prompt), base, strict=True)) < 1e-4
+        assert _lock("t")["serves"] == clean
 
         out_b = tmp_path / "b"
         b = rl(config=rl_config(tiny_model, out_b, max_steps=1, fleet="t"), return_state=True)
         assert b.is_completed(), b
         assert _trainer_pid(out_b) == warm_b  # a fresh process: nothing of run A's trainer in it
-        hf = AutoModelForCausalLM.from_pretrained(tiny_model)
-        first = read_rollout(RunStore(str(out_b)), 0)[0]
-        ids = torch.tensor([first["input_ids"]])
-        with torch.no_grad():
-            ref = token_logprobs(hf(input_ids=ids).logits[:, :-1], ids[:, 1:])[0].tolist()
-        sampled = [i for i, m in enumerate(first["loss_mask"]) if m]
-        off = max(abs(first["logprobs"][i] - ref[i - 1]) for i in sampled)
-        assert off < 1e-3, f"run B's step 0 sampled from other weights than its own (max off {off})"
+        assert (off := _samples_from_base(tiny_model, out_b)) < 1e-3, f"run B's step 0: max off {off}"
         assert read_steps(RunStore(str(out_b)))[0]["policy_step"] == -1
-        assert replica_pid is not None and pid_alive(pidfile) == replica_pid, (
-            "the runs stopped the fleet's replica"
-        )
 
         # an eval of run A's latest checkpoint on the fleet: those weights, loaded on its replica
         store_a = RunStore(str(tmp_path / "a"))
@@ -310,6 +323,17 @@ def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefe
         with torch.no_grad():
             want = token_logprobs(ckpt(input_ids=ids).logits[:, :-1], ids[:, 1:])[0].tolist()
         assert max(abs(x - y) for x, y in zip(prompt_logprobs(url, prompt), want, strict=True)) < 1e-3
+        assert "serves" not in _lock("t")  # it left other weights there: unmarked
+
+        out_c = tmp_path / "c"
+        c = rl(config=rl_config(tiny_model, out_c, max_steps=1, fleet="t"), return_state=True)
+        assert c.is_completed(), c
+        assert (off := _samples_from_base(tiny_model, out_c)) < 1e-3, (
+            f"run C's step 0 sampled from the weights the eval left (max off {off})"
+        )
+        assert replica_pid is not None and pid_alive(pidfile) == replica_pid, (
+            "the runs stopped the fleet's replica"
+        )
 
         os.kill(replica_pid, signal.SIGKILL)  # its guard: the server dies with it
         wait_until(

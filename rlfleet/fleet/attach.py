@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, Protocol
 
 from rlfleet.config.inference import InferenceConfig
 from rlfleet.config.loader import ConfigError
@@ -25,6 +26,7 @@ from rlfleet.config.model import ModelConfig
 from rlfleet.config.models import InferenceJobConfig, RLConfig
 from rlfleet.config.weights import FILES
 from rlfleet.fleet.state import FleetState, fleet_dir, live_fleets, mismatches, read_state, shape
+from rlfleet.inference.server import healthy
 from rlfleet.weights.controller import Ticket
 
 log = logging.getLogger("rlfleet.fleet")
@@ -145,6 +147,8 @@ def model_ticket(step: int, model_dir: str) -> Ticket:
 # (fleet, holder) -> the replica this process holds for it: `rlfleet rl` takes it before its early
 # start, and the flow, the trainer's launch and the eval in the same process find it here
 _HELD: dict[tuple[str, str], int] = {}
+# (fleet, holder) -> the held lock's fd, and what its last holder left in it (`mark_clean`)
+_LOCKS: dict[tuple[str, str], tuple[int, dict[str, str]]] = {}
 WAIT_POLL_S = 0.5
 
 
@@ -165,17 +169,18 @@ def fleet_hold(name: str | None, holder: str) -> Iterator[int | None]:
         yield _HELD[(name, holder)]
         return
     n = len(_live(name)["urls"])
-    fd, slot = _take(name, n, holder)
-    _HELD[(name, holder)] = slot
+    fd, slot, found = _take(name, n, holder)
+    _HELD[(name, holder)], _LOCKS[(name, holder)] = slot, (fd, found)
     try:
         yield slot
     finally:
-        del _HELD[(name, holder)]
+        del _HELD[(name, holder)], _LOCKS[(name, holder)]
         os.close(fd)  # drops the lock; the kernel drops it too when this process dies
 
 
-def _take(name: str, n: int, holder: str) -> tuple[int, int]:
-    """An flock on `<name>.<i>.lock` for the first free replica i; polls while all are held."""
+def _take(name: str, n: int, holder: str) -> tuple[int, int, dict[str, str]]:
+    """An flock on `<name>.<i>.lock` for the first free replica i, and what its last holder left
+    in it; polls while all are held."""
     fleet_dir().mkdir(parents=True, exist_ok=True)
     waiting = False
     while True:
@@ -187,11 +192,11 @@ def _take(name: str, n: int, holder: str) -> tuple[int, int]:
             except BlockingIOError:
                 os.close(fd)
                 continue
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps({"run": holder, "pid": os.getpid()}).encode(), 0)
+            found = _read_lock(fd)
+            _write_lock(fd, {"run": holder, "pid": os.getpid()})  # no `serves`: dirty until marked
             if waiting:
                 log.info("fleet %s: replica %d is free: %s takes it", name, i, holder)
-            return fd, i
+            return fd, i, found
         if not waiting:
             held = ", ".join(_holder(fleet_dir() / f"{name}.{i}.lock") for i in range(n))
             log.warning("fleet %s: its %d replica(s) are held (%s): waiting for one", name, n, held)
@@ -226,3 +231,82 @@ def _holder(path: os.PathLike[str]) -> str:
         return f"run {h['run']} (pid {h['pid']})"
     except (OSError, ValueError, KeyError):
         return "another run"
+
+
+def _read_lock(fd: int) -> dict[str, str]:
+    try:
+        found = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _write_lock(fd: int, content: dict[str, object]) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(content).encode(), 0)
+
+
+# A replica's clean mark: the lock file says which base model's weights the replica serves unchanged
+# (`serves`: the model's fingerprint). A holder writes it only after loading that base itself
+# (`give_back`) and the fleet after starting it; taking the lock wipes it, so a run killed mid-way
+# leaves the replica marked dirty and the next one loads its base weights as before.
+
+
+def model_fingerprint(path: str) -> str:
+    """The model directory and its files' names, sizes and mtimes: a directory rewritten in place
+    is another model."""
+    files = sorted(os.scandir(path), key=lambda e: e.name)
+    stats = [(e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in files if e.is_file()]
+    return json.dumps([os.path.realpath(path), stats])
+
+
+def serves_base(cfg: RLConfig) -> bool:
+    """The replica the run holds serves the run's base model unchanged: its first load is not needed."""
+    held = None if cfg.fleet is None else _LOCKS.get((cfg.fleet, cfg.output_dir))
+    return held is not None and held[1].get("serves") == model_fingerprint(str(cfg.model.path))
+
+
+def mark_clean(cfg: RLConfig) -> None:
+    """After the holder loaded its base model back onto its replica: the next holder may skip it."""
+    fd, _ = _LOCKS[(str(cfg.fleet), cfg.output_dir)]
+    holder = {"run": cfg.output_dir, "pid": os.getpid()}
+    _write_lock(fd, holder | {"serves": model_fingerprint(str(cfg.model.path))})
+
+
+class _Loads(Protocol):
+    urls: list[str]
+
+    def broadcast(self, ticket: dict[str, Any]) -> dict[str, Any]: ...
+
+
+def give_back(cfg: RLConfig, pool: _Loads) -> bool:
+    """A finished run's end on its fleet: its base model loaded back onto the replica it holds, and
+    the replica marked clean, so the next run there starts without that load. Best effort: a replica
+    that is down, or a load that fails, stays unmarked (the next run loads its own base)."""
+    try:
+        if not all(healthy(u) for u in pool.urls):
+            return False
+        pool.broadcast(base_ticket(cfg))
+        mark_clean(cfg)
+    except Exception as e:  # noqa: BLE001 - the run is done; the next holder loads its base instead
+        log.warning(
+            "fleet %s: the base model did not go back onto the replica (%r): the next run loads it",
+            cfg.fleet,
+            e,
+        )
+        return False
+    return True
+
+
+def mark_started(name: str, replicas: int, model: str) -> None:
+    """The fleet's replicas just started from `model`: each is clean, unless a run holds it."""
+    fleet_dir().mkdir(parents=True, exist_ok=True)
+    for i in range(replicas):
+        fd = os.open(fleet_dir() / f"{name}.{i}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _write_lock(fd, {"serves": model_fingerprint(model)})
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)

@@ -17,6 +17,7 @@ from rlfleet.config.loader import ConfigError, raise_if
 from rlfleet.config.model import check_model
 from rlfleet.config.placement import visible_gpus
 from rlfleet.fleet.api import FleetApi, check_api_port
+from rlfleet.fleet.attach import mark_started
 from rlfleet.fleet.state import FleetState, fleet_dir, read_state, remove_state, write_state
 from rlfleet.fleet.warm import WarmKeeper
 from rlfleet.inference.pool import InferencePool
@@ -67,6 +68,7 @@ def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None
         for t in trainers:
             t.start()
         urls = pool.ensure()
+        mark_started(cfg.name, n, cfg.model.path)  # its replicas serve the base model: runs skip that load
         spools = str(home / "trainer") if trainers else ""
         api_url = api.wait_ready()
         api.lease_gpus(sorted({*cfg.gpu_ids, *cfg.trainer_gpu_ids}))

@@ -133,6 +133,7 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
     run = RunHandles.for_run(cfg, placement)  # starts nothing; the tasks below do
     keeper = ServerKeeper(store, run.progress).start()  # a killed temporary server comes back
     handles = quote(run)
+    finished = False
     try:
         after: list[State] = []  # what the next rollout waits for
         if start < cfg.max_steps:
@@ -199,9 +200,12 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
                     reward=f"{record['mean_reward']:.3f}",
                     secs=f"{record['step_seconds']:.1f}s/step",
                 )
+        finished = True
     finally:
         keeper.stop()
-        run.stop_sampling()  # the stream, then the pool: a rollout waiting for its groups fails fast
+        # the stream, then the pool: a rollout waiting for its groups fails fast; a run on a fleet
+        # that finished loads its base model back onto its replica for the next holder
+        run.stop_sampling(give_back=cfg if finished and cfg.fleet else None)
         wait(list(ahead.values()), timeout=60)
         run.stop_trainer()
         sync_logs(store)

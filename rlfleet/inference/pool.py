@@ -237,6 +237,17 @@ class InferencePool:
         write_served(run_store(self.cfg.output_dir), self.policy_step)  # the cuda_ipc trainer waits on it
         return self._loaded(start, calls)
 
+    def adopt(self, ticket: dict[str, Any]) -> dict[str, Any]:
+        """Take `ticket` as what the replicas serve already, loading nothing: a fleet replica whose
+        last holder loaded this base model back (fleet/attach.py `serves_base`)."""
+        start = time.perf_counter()
+        with self.lock:
+            self._ensure()
+            self.policy_step, self.ticket = ticket["step"], ticket
+            self.weights_path = make_controller(ticket["transport"]).files(ticket) or self.weights_path
+            write_served(run_store(self.cfg.output_dir), self.policy_step)
+            return self._loaded(start, [])
+
     def _loaded(self, start: float, calls: list[dict[str, Any]]) -> dict[str, Any]:
         assert self.ticket is not None  # set with policy_step by every load
         return {

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from rlfleet import judges
 from rlfleet.config.models import RLConfig
 from rlfleet.config.placement import Placement
+from rlfleet.fleet.attach import give_back as fleet_give_back
 from rlfleet.inference.pool import InferencePool
 from rlfleet.orchestrator.stream import RolloutStream
 from rlfleet.orchestrator.teacher import Teacher
@@ -154,14 +155,17 @@ class RunHandles:
         p = self.trainer.process
         return None if p is None or isinstance(self.trainer, ExternalTrainer) else p.pid
 
-    def stop_sampling(self) -> None:
+    def stop_sampling(self, give_back: RLConfig | None = None) -> None:
         """The stream first (a rollout waiting for its groups fails fast), then the replicas (a
         rollout still in flight cannot relaunch them). The stall watchdog before either: their
-        stop is no stall."""
+        stop is no stall. give_back: a finished run on a fleet, whose base model goes back onto
+        its replica in between (fleet/attach.py `give_back`)."""
         if self.watchdog is not None:
             self.watchdog.stop()
         if self.stream is not None:
             self.stream.stop()
+        if give_back is not None:
+            fleet_give_back(give_back, self.pool)
         judges.withdraw(list(self.served_pools))
         self.pool.shutdown()
         for p in self.served_pools.values():

@@ -25,7 +25,7 @@ from prefect.utilities.hashing import hash_objects
 
 from rlfleet.config.models import RLConfig
 from rlfleet.errors import is_transient
-from rlfleet.fleet.attach import base_ticket
+from rlfleet.fleet.attach import base_ticket, serves_base
 from rlfleet.inference.pool import InferencePool
 from rlfleet.orchestrator.step_batches import BatchSpec, step_batches
 from rlfleet.runs.handles import RunHandles
@@ -95,8 +95,16 @@ def launch_inference_pool(cfg: RLConfig, resume_from: int, run: RunHandles) -> d
         p.start()
     if resume_from >= 0 and pool.policy_step != resume_from:
         out = pool.broadcast(files_ticket(_store(cfg), resume_from))
-    elif cfg.fleet is not None:  # a fleet's replicas hold what its last run left: the run's own first
-        out = pool.broadcast(base_ticket(cfg))
+    elif cfg.fleet is not None:  # a fleet's replica holds what its last holder left: the run's own first
+        clean = serves_base(cfg)  # unless that holder loaded this base back (or the fleet just started)
+        out = pool.adopt(base_ticket(cfg)) if clean else pool.broadcast(base_ticket(cfg))
+        get_run_logger().info(
+            "fleet %s: its replica %s",
+            cfg.fleet,
+            "serves this base model already (given back clean): nothing to load"
+            if clean
+            else f"loaded this run's base model in {out['seconds']:.1f} s",
+        )
     else:
         out = {"step": pool.policy_step, "replicas": pool.ensure()}
     for rep in pool.replicas:  # start time and KV cache size, where the user looks
