@@ -41,9 +41,19 @@ EXAMPLE = ROOT / "examples" / "tiny"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, below Linux's ephemeral range (32768-60999): a port the kernel hands
+    out for port 0 is also what it gives the suite's outgoing connections as their source ports, and
+    one of those took a port a test had picked for a vLLM it started a moment later (EADDRINUSE)."""
+    rng = random.Random()  # its own OS-seeded stream: tests that seed `random` still get spread ports
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port in 20000-32000")
 
 
 def serve_app(app) -> tuple[str, uvicorn.Server]:
