@@ -24,7 +24,7 @@ from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig, T
 from rlfleet.config.rollouts import EvalConfig
 from rlfleet.fleet.api import FleetApi, check_api_port, use_fleet_api
 from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold, held_by
-from rlfleet.fleet.serve import check_gpus, serve
+from rlfleet.fleet.serve import check_gpu_ids, serve
 from rlfleet.fleet.state import fleet_dir, mismatches, read_state, shape, write_state
 from rlfleet.fleet.warm import WarmKeeper
 from rlfleet.inference.server import healthy
@@ -119,11 +119,11 @@ def test_a_fleet_on_a_gpu_this_process_cannot_see_is_refused_naming_the_visible_
         gpu_ids=["0"],
         trainer_gpu_ids=["0"],
     )
-    problems = check_gpus(fleet, ["1"])
+    problems = check_gpu_ids(fleet, ["1"])
     assert [p.split(":")[0] for p in problems] == ["gpu_ids", "trainer_gpu_ids"]
     assert "GPU 0 is not visible here; visible: 1" in problems[0]
-    assert check_gpus(fleet, ["0", "1"]) == []
-    assert check_gpus(_fleet(tiny_model, 8600), []) == []  # a CPU fleet names no GPU
+    assert check_gpu_ids(fleet, ["0", "1"]) == []
+    assert check_gpu_ids(_fleet(tiny_model, 8600), []) == []  # a CPU fleet names no GPU
 
 
 def test_an_attached_run_trains_on_its_replicas_warm_trainer_gpu_never_a_replicas(
@@ -381,7 +381,7 @@ def test_a_fleet_keeps_a_prefect_server_that_its_runs_use(tiny_model, tmp_path, 
         ]
         assert (tmp_path / "t" / "prefect" / "prefect.db").is_file()  # its own home, not the user's
         # the fleet's GPUs as 1-slot limits on its API: runs attached to it lease them there
-        assert api.lease_gpus(["3", "4"]) == ["gpu-3", "gpu-4"]
+        assert api.create_gpu_limits(["3", "4"]) == ["gpu-3", "gpu-4"]
         limits = httpx.post(f"{api.url}/v2/concurrency_limits/filter", json={}).json()
         assert {(g["name"], g["limit"]) for g in limits} >= {("gpu-3", 1), ("gpu-4", 1)}
 

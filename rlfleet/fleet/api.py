@@ -79,7 +79,7 @@ class FleetApi:
     def healthy(self) -> bool:
         return healthy(self.url)
 
-    def lease_gpus(self, gpus: list[str]) -> list[str]:
+    def create_gpu_limits(self, gpus: list[str]) -> list[str]:
         """Create the per-GPU concurrency limits (`gpu-<id>`, 1 slot) of the fleet's GPUs on its API:
         an attached run, a UI rerun or a scheduled eval then leases the GPUs of the replica it holds,
         as a run from a deployment does (workers/leases.py); without them the lease is skipped."""

@@ -18,7 +18,8 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlfleet.config.inference import InferenceConfig
 from rlfleet.config.loader import ConfigError
@@ -28,6 +29,9 @@ from rlfleet.config.weights import FILES
 from rlfleet.fleet.state import FleetState, fleet_dir, live_fleets, mismatches, read_state, shape
 from rlfleet.inference.server import healthy
 from rlfleet.weights.controller import Ticket
+
+if TYPE_CHECKING:  # the controller imports this module before it needs a pool
+    from rlfleet.inference.pool import InferencePool
 
 log = logging.getLogger("rlfleet.fleet")
 
@@ -144,17 +148,23 @@ def model_ticket(step: int, model_dir: str) -> Ticket:
     return {"transport": FILES, "step": step, "path": model_dir}
 
 
+@dataclass(frozen=True)
+class _Hold:
+    slot: int  # the replica held
+    fd: int  # its lock file, flocked
+    found: dict[str, str]  # what the lock's last holder left in it (`mark_clean`)
+
+
 # (fleet, holder) -> the replica this process holds for it: `rlfleet rl` takes it before its early
 # start, and the flow, the trainer's launch and the eval in the same process find it here
-_HELD: dict[tuple[str, str], int] = {}
-# (fleet, holder) -> the held lock's fd, and what its last holder left in it (`mark_clean`)
-_LOCKS: dict[tuple[str, str], tuple[int, dict[str, str]]] = {}
+_HELD: dict[tuple[str, str], _Hold] = {}
 WAIT_POLL_S = 0.5
 
 
 def held_slot(name: str | None, holder: str) -> int | None:
     """The replica of fleet `name` this process holds for `holder` (a run's output_dir), if any."""
-    return None if name is None else _HELD.get((name, holder))
+    hold = None if name is None else _HELD.get((name, holder))
+    return None if hold is None else hold.slot
 
 
 @contextmanager
@@ -165,38 +175,42 @@ def fleet_hold(name: str | None, holder: str) -> Iterator[int | None]:
     if name is None:
         yield None
         return
-    if (name, holder) in _HELD:
-        yield _HELD[(name, holder)]
+    if (hold := _HELD.get((name, holder))) is not None:
+        yield hold.slot
         return
     n = len(_live(name)["urls"])
-    fd, slot, found = _take(name, n, holder)
-    _HELD[(name, holder)], _LOCKS[(name, holder)] = slot, (fd, found)
+    hold = _HELD[(name, holder)] = _take(name, n, holder)
     try:
-        yield slot
+        yield hold.slot
     finally:
-        del _HELD[(name, holder)], _LOCKS[(name, holder)]
-        os.close(fd)  # drops the lock; the kernel drops it too when this process dies
+        del _HELD[(name, holder)]
+        os.close(hold.fd)  # drops the lock; the kernel drops it too when this process dies
 
 
-def _take(name: str, n: int, holder: str) -> tuple[int, int, dict[str, str]]:
-    """An flock on `<name>.<i>.lock` for the first free replica i, and what its last holder left
-    in it; polls while all are held."""
+def _try_lock(name: str, i: int) -> int | None:
+    """An fd holding the flock on `<name>.<i>.lock`, None where another process holds it."""
     fleet_dir().mkdir(parents=True, exist_ok=True)
+    fd = os.open(fleet_dir() / f"{name}.{i}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _take(name: str, n: int, holder: str) -> _Hold:
+    """The flock on `<name>.<i>.lock` for the first free replica i; polls while all are held."""
     waiting = False
     while True:
         for i in range(n):
-            path = fleet_dir() / f"{name}.{i}.lock"
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
+            if (fd := _try_lock(name, i)) is None:
                 continue
             found = _read_lock(fd)
             _write_lock(fd, {"run": holder, "pid": os.getpid()})  # no `serves`: dirty until marked
             if waiting:
                 log.info("fleet %s: replica %d is free: %s takes it", name, i, holder)
-            return fd, i, found
+            return _Hold(i, fd, found)
         if not waiting:
             held = ", ".join(_holder(fleet_dir() / f"{name}.{i}.lock") for i in range(n))
             log.warning("fleet %s: its %d replica(s) are held (%s): waiting for one", name, n, held)
@@ -262,24 +276,18 @@ def model_fingerprint(path: str) -> str:
 
 def serves_base(cfg: RLConfig) -> bool:
     """The replica the run holds serves the run's base model unchanged: its first load is not needed."""
-    held = None if cfg.fleet is None else _LOCKS.get((cfg.fleet, cfg.output_dir))
-    return held is not None and held[1].get("serves") == model_fingerprint(str(cfg.model.path))
+    hold = None if cfg.fleet is None else _HELD.get((cfg.fleet, cfg.output_dir))
+    return hold is not None and hold.found.get("serves") == model_fingerprint(str(cfg.model.path))
 
 
 def mark_clean(cfg: RLConfig) -> None:
     """After the holder loaded its base model back onto its replica: the next holder may skip it."""
-    fd, _ = _LOCKS[(str(cfg.fleet), cfg.output_dir)]
+    hold = _HELD[(str(cfg.fleet), cfg.output_dir)]
     holder = {"run": cfg.output_dir, "pid": os.getpid()}
-    _write_lock(fd, holder | {"serves": model_fingerprint(str(cfg.model.path))})
+    _write_lock(hold.fd, holder | {"serves": model_fingerprint(str(cfg.model.path))})
 
 
-class _Loads(Protocol):
-    urls: list[str]
-
-    def broadcast(self, ticket: dict[str, Any]) -> dict[str, Any]: ...
-
-
-def give_back(cfg: RLConfig, pool: _Loads) -> bool:
+def give_back(cfg: RLConfig, pool: InferencePool) -> bool:
     """A finished run's end on its fleet: its base model loaded back onto the replica it holds, and
     the replica marked clean, so the next run there starts without that load. Best effort: a replica
     that is down, or a load that fails, stays unmarked (the next run loads its own base)."""
@@ -300,13 +308,8 @@ def give_back(cfg: RLConfig, pool: _Loads) -> bool:
 
 def mark_started(name: str, replicas: int, model: str) -> None:
     """The fleet's replicas just started from `model`: each is clean, unless a run holds it."""
-    fleet_dir().mkdir(parents=True, exist_ok=True)
+    clean = {"serves": model_fingerprint(model)}
     for i in range(replicas):
-        fd = os.open(fleet_dir() / f"{name}.{i}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _write_lock(fd, {"serves": model_fingerprint(model)})
-        except BlockingIOError:
-            pass
-        finally:
+        if (fd := _try_lock(name, i)) is not None:
+            _write_lock(fd, clean)
             os.close(fd)

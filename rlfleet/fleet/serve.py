@@ -33,11 +33,11 @@ def preflight(cfg: FleetConfig, visible: list[str] | None = None) -> None:
         raise ConfigError(
             f"name: fleet {cfg.name!r} is already up (pid {up['pid']}): `rlfleet fleet down {cfg.name}` first"
         )
-    problems = check_model(cfg.model) + check_gpus(cfg, visible) + check_ports(cfg.inference)
+    problems = check_model(cfg.model) + check_gpu_ids(cfg, visible) + check_ports(cfg.inference)
     raise_if(problems + check_api_port(cfg))
 
 
-def check_gpus(cfg: FleetConfig, visible: list[str] | None = None) -> list[str]:
+def check_gpu_ids(cfg: FleetConfig, visible: list[str] | None = None) -> list[str]:
     """gpu_ids and trainer_gpu_ids name GPUs as CUDA_VISIBLE_DEVICES does, as a run's placement does:
     one this process cannot see would put a replica where another process already is."""
     if not (cfg.gpu_ids or cfg.trainer_gpu_ids):
@@ -71,7 +71,7 @@ def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None
         mark_started(cfg.name, n, cfg.model.path)  # its replicas serve the base model: runs skip that load
         spools = str(home / "trainer") if trainers else ""
         api_url = api.wait_ready()
-        api.lease_gpus(sorted({*cfg.gpu_ids, *cfg.trainer_gpu_ids}))
+        api.create_gpu_limits(sorted({*cfg.gpu_ids, *cfg.trainer_gpu_ids}))
         state = write_state(cfg.name, urls, job, api_url, spools, cfg.trainer_gpu_ids)
         log.info(
             "fleet %s up: %s serving %s, Prefect API %s, %s; runs attach with fleet = %r",
