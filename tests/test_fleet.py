@@ -411,6 +411,8 @@ def test_a_warm_trainer_taken_by_a_run_goes_with_its_controller_and_a_fresh_one_
     keeper = WarmKeeper(tmp_path / "t", 0, [], str(tiny_model), "float32").start()
     try:
         warm = json.loads(wait_until(lambda: _read(keeper.spool / "warm.json"), 120, what="a warm trainer"))
+        keeper.release()  # what the fleet does once its replicas are up
+        assert keeper.wait_ready(300)
         out = tmp_path / "run"
         job = TrainerJobConfig(output_dir=str(out), max_steps=3, model=ModelConfig(path=str(tiny_model)))
         (tmp_path / "trainer.toml").write_text(to_toml(job))

@@ -68,10 +68,14 @@ def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None
         for t in trainers:
             t.start()
         urls = pool.ensure()
+        for t in trainers:
+            t.release()
         mark_started(cfg.name, n, cfg.model.path)  # its replicas serve the base model: runs skip that load
         spools = str(home / "trainer") if trainers else ""
         api_url = api.wait_ready()
         api.create_gpu_limits(sorted({*cfg.gpu_ids, *cfg.trainer_gpu_ids}))
+        for t in trainers:
+            t.wait_ready()
         state = write_state(cfg.name, urls, job, api_url, spools, cfg.trainer_gpu_ids)
         log.info(
             "fleet %s up: %s serving %s, Prefect API %s, %s; runs attach with fleet = %r",

@@ -2,10 +2,13 @@
 trainer: ~5-10 s on 2 cores, the trainer's whole start on a GPU host once vLLM is warm) and waits, on
 the fleet's trainer device, for one run's trainer job.
 
-While it waits it builds the fleet's base model as a trainer with default settings would, runs the
-warm-up once and drops it (`precompile`): the kernels load and the layers compile before any run,
-so a run's own build finds them in dynamo's and inductor's caches (a fresh H200 host: 31 s of an
-attached run's step 0 otherwise). A run with other settings compiles what differs, as a cold one does.
+Once the fleet's replicas are up (the fleet writes `go`) it builds the fleet's base model as a
+trainer with default settings would, runs the warm-up once and drops it (`precompile`), then writes
+`ready`: the kernels load and the layers compile before any run, so a run's own build finds them in
+dynamo's and inductor's caches (a fresh H200 host: 31 s of an attached run's step 0 otherwise). A
+run with other settings compiles what differs, as a cold one does. Not before the replicas are up:
+memory a trainer frees on their GPU while vLLM profiles it fails vLLM's start ("Error in memory
+profiling").
 
 A run on the fleet hands it its `trainer.toml` (`claim`). From then on the process is that run's
 trainer: its own process group (the run stops it, a rerun's reap kills it by the run's pidfile),
@@ -14,8 +17,9 @@ the run started does, by PR_SET_PDEATHSIG). The fleet then starts a fresh one: n
 or compiled graph passes from one run to the next (the precompiled graphs are the base model's,
 traced before any run, and hold no weights).
 
-Files in `<fleet dir>/<name>/trainer/`: `warm.json` (the waiting process: pid and start time) and
-`job.json` (a run's hand-off; the process renames it to `claimed.json` as it takes it)."""
+Files in `<fleet dir>/<name>/trainer/<slot>/`: `warm.json` (the waiting process: pid and start
+time), `go` and `ready` (above), and `job.json` (a run's hand-off; the process renames it to
+`claimed.json` as it takes it)."""
 
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ from rlfleet.procs import (
 )
 
 log = logging.getLogger("rlfleet.fleet")
-WARM, JOB, CLAIMED = "warm.json", "job.json", "claimed.json"
+WARM, JOB, CLAIMED, GO, READY = "warm.json", "job.json", "claimed.json", "go", "ready"
 CLAIM_TIMEOUT_S = 60.0  # a warm process still importing takes the job when its imports are done
 POLL_S = 0.05
 
@@ -61,7 +65,7 @@ class Job(TypedDict):
 def clear(spool: Path) -> None:
     """What a warm process that exited left; the fleet calls it before starting the next."""
     spool.mkdir(parents=True, exist_ok=True)
-    for name in (WARM, JOB, CLAIMED):
+    for name in (WARM, JOB, CLAIMED, GO, READY):
         (spool / name).unlink(missing_ok=True)
 
 
@@ -73,11 +77,14 @@ def serve_one(spool: Path, model: str | None = None, dtype: str = "float32") -> 
     from rlfleet.config.models import TrainerJobConfig
     from rlfleet.trainer.rl import run_trainer  # the imports a trainer pays, paid now
 
+    while not (spool / GO).exists():  # the replicas sharing its GPU are up
+        time.sleep(POLL_S)
     if model is not None:
         try:
             print(f"precompiled {model} ({dtype}) in {precompile(model, dtype):.1f} s", flush=True)
         except Exception as e:  # noqa: BLE001 - the run's trainer then compiles, as a cold one does
             print(f"precompile of {model} failed, the run's trainer compiles: {e!r}", flush=True)
+    (spool / READY).touch()
     while True:
         try:
             os.rename(spool / JOB, spool / CLAIMED)  # atomic: taken once
@@ -273,13 +280,37 @@ class WarmKeeper:
             env=env,
         )
         self.starts = 0
+        self.released = False
         self._retry_at = 0.0
 
     def start(self) -> WarmKeeper:
         clear(self.spool)
         self.process.start()
         self.starts += 1
+        if self.released:
+            (self.spool / GO).touch()
         return self
+
+    def release(self) -> None:
+        """The fleet's replicas are up: this and every later warm trainer may compile on its GPU."""
+        self.released = True
+        (self.spool / GO).touch()
+
+    def wait_ready(self, timeout_s: float = 600.0) -> bool:
+        """Wait until the warm trainer has compiled and waits for a job; False if it exited first
+        or is still compiling after `timeout_s` (a run that comes then waits for it, or starts its own)."""
+        try:
+            wait_until(
+                lambda: (self.spool / READY).exists(),
+                timeout_s,
+                POLL_S,
+                what="the warm trainer to compile",
+                abort=lambda: None if self.process.alive() else "it exited",
+            )
+            return True
+        except (TimeoutError, RuntimeError) as e:
+            log.warning("%s; log %s", e, self.process.log_path)
+            return False
 
     def keep(self) -> None:
         """Start a fresh warm trainer once the last one is gone (it ran a run's job, or failed)."""

@@ -152,8 +152,8 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
             after = [edge(launched)]
             run.start_stream(cfg, store, start)
             run.watch_stalls(cfg, store, stall_reporter(cfg.name))  # [faults]: runs/stalls.py
-            warm.result()
             if start == 0 and cfg.eval.interval and cfg.eval.before_training:
+                # while the trainer still loads: the base model's eval needs only the replicas
                 base = evaluate_policy.with_options(
                     **retry_options(cfg), task_run_name="evaluate_policy-base"
                 )(quote(cfg), None, handles, wait_for=after)
@@ -161,6 +161,7 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
                     "eval before training: %s",
                     ", ".join(f"{e['env']} pass@1 {e['pass@1']:.3f}" for e in base["envs"]),
                 )
+            warm.result()
         with step_progress("rl", "reward {task.fields[reward]}", "{task.fields[secs]}") as bar:
             job = bar.add_task("rl", total=cfg.max_steps, completed=start, reward="-", secs="")
             for step in range(start, cfg.max_steps):
