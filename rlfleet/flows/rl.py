@@ -16,7 +16,6 @@ newest weights only.
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from rlfleet.fleet.attach import fleet_hold
 from rlfleet.flows.artifacts import publish_summary, stall_reporter
 from rlfleet.flows.monitor import LiveArtifacts
 from rlfleet.flows.server import ServerKeeper, hold_temporary_server
-from rlfleet.orchestrator.rollout import load_tokenizer
+from rlfleet.orchestrator.rollout import warm_tokenizer
 from rlfleet.report import WandbSink, step_progress, trainer_speed, wandb_metrics, write_report
 from rlfleet.runs.configs import resolve, write_configs
 from rlfleet.runs.early import started_early
@@ -144,7 +143,7 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
             warm = start_trainer.with_options(**dict(retry_options(cfg), timeout_seconds=None)).submit(
                 handles
             )
-            threading.Thread(target=load_tokenizer, args=(cfg.model.path,), daemon=True).start()
+            warm_tokenizer(cfg.model.path)
             launched = launch_inference_pool.with_options(
                 **retry_options(cfg, cfg.inference.startup_timeout_s + 60)
             )(quote(cfg), start - 1, handles, return_state=True)

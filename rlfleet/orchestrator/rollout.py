@@ -31,6 +31,13 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
         return _load_tokenizer(path)
 
 
+def warm_tokenizer(path: str) -> None:
+    """Load the tokenizer in a thread: its imports (transformers, torch: 3-5 s on a GPU host) were
+    the base eval's wait on a warm fleet. `rlfleet rl` calls it first thing, the flow again (a
+    deployment's run starts there); the second finds it cached."""
+    threading.Thread(target=load_tokenizer, args=(path,), name="rlfleet-tokenizer", daemon=True).start()
+
+
 # what AutoTokenizer loads a tokenizer saved under these names as (transformers 5: one class)
 GENERIC_TOKENIZERS = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 
