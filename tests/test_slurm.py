@@ -4,6 +4,7 @@
 - a dry run writes a script that `sbatch --test-only` accepts; a custom template gets the variables;
 - `rlfleet sft` with `[slurm]` is an sbatch job that trains the tiny model to completion;
 - a multi_node `rlfleet rl` job: vLLM on node n1, torchrun trainer + the one controller on n2.
+- one whose inference step dies at once stops its controller and fails (no startup timeout).
 The Prefect SLURM worker is tests/test_slurm_worker.py.
 squeue / scontrol outputs are printed (`pytest -s`) for the closing notes; timings are not asserted.
 """
@@ -292,15 +293,11 @@ def test_sbatch_of_a_tiny_sft_job_runs_to_completion(slurm, prefect_api, tiny_mo
     assert "[slurm]" not in (out / "configs" / "sft.toml").read_text()
 
 
-@pytest.mark.e2e
-def test_multi_node_rl_job_places_inference_trainer_and_one_controller(
-    slurm, prefect_api, tiny_model, tmp_path, capsys
-):
-    """n1 serves vLLM; n2 runs the torchrun trainer (rendezvous on itself) and the controller."""
+def multi_node_rl_args(model: Path, out: Path, job_name: str, port: int) -> list[str]:
+    """The tiny two-step rl job on two nodes: vLLM on n1 serving on `port`, trainer + controller on n2."""
     from tests.helpers import free_port
 
-    out = tmp_path / "mn"
-    args = ["rl", "--model.path", str(tiny_model), "--output-dir", str(out), "--max-steps", "2"]
+    args = ["rl", "--model.path", str(model), "--output-dir", str(out), "--max-steps", "2"]
     args += [
         "--orchestrator.batch-size",
         "4",
@@ -317,9 +314,19 @@ def test_multi_node_rl_job_places_inference_trainer_and_one_controller(
         "--wandb.mode",
         "offline",
     ]
-    args += ["--inference.port", str(free_port()), "--slurm.rdzv-port", str(free_port())]
-    args += ["--deployment.type", "multi_node", "--slurm.job-name", "rl-2n"]
-    job = submit(capsys, *args)["job_id"]
+    args += ["--inference.port", str(port), "--slurm.rdzv-port", str(free_port())]
+    return args + ["--deployment.type", "multi_node", "--slurm.job-name", job_name]
+
+
+@pytest.mark.e2e
+def test_multi_node_rl_job_places_inference_trainer_and_one_controller(
+    slurm, prefect_api, tiny_model, tmp_path, capsys
+):
+    """n1 serves vLLM; n2 runs the torchrun trainer (rendezvous on itself) and the controller."""
+    from tests.helpers import free_port
+
+    out = tmp_path / "mn"
+    job = submit(capsys, *multi_node_rl_args(tiny_model, out, "rl-2n", free_port()))["job_id"]
     info = wait_job(job)
     show(slurm, job)
     logs = out / "logs" / "slurm"
@@ -333,3 +340,33 @@ def test_multi_node_rl_job_places_inference_trainer_and_one_controller(
     assert (
         "http://127.0.0.1:" in (out / "configs" / "rl.toml").read_text()
     )  # the controller used n1's replica
+
+
+@pytest.mark.e2e
+def test_multi_node_rl_job_stops_its_controller_once_no_inference_step_is_left(
+    slurm, prefect_api, tiny_model, tmp_path, capsys
+):
+    """n1's inference step exits at once (a socket of this test holds its port). The controller,
+    given n1's url, would poll it for inference.startup_timeout_s (900 s); the job stops it instead,
+    says which step died and where its log is, and fails."""
+    import socket
+
+    from tests.helpers import free_port
+
+    out = tmp_path / "dead"
+    port = free_port()
+    with socket.socket() as held:  # bound, not listening: `rlfleet inference` finds the port in use
+        held.bind(("127.0.0.1", port))
+        args = multi_node_rl_args(tiny_model, out, "rl-dead", port)
+        job = submit(capsys, *args, "--inference.startup-timeout-s", "900")["job_id"]
+        info = wait_job(job, timeout_s=300)  # the controller alone would wait 900 s
+    show(slurm, job)
+    logs = out / "logs" / "slurm"
+    said = (logs / f"job-{job}.out").read_text(errors="replace")
+    inference = (logs / "inference-0.log").read_text(errors="replace")
+    assert (info.state, info.exit_code) == ("FAILED", "1:0"), f"{info}\n{said}"
+    assert f"inference.port: port(s) [{port}] on 127.0.0.1 are in use" in inference, inference
+    assert f"inference step on n1 (rank 0) exited with code 2; its log: {logs}/inference-0.log" in said, said
+    assert "no inference step left: stopping the controller" in said
+    assert "controller stopped" in said
+    assert not (out / "summary.json").exists()
