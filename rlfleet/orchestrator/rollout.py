@@ -32,9 +32,10 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
 
 
 def warm_tokenizer(path: str) -> None:
-    """Load the tokenizer in a thread: its imports (transformers, torch: 3-5 s on a GPU host) were
-    the base eval's wait on a warm fleet. `rlfleet rl` calls it first thing, the flow again (a
-    deployment's run starts there); the second finds it cached."""
+    """Load the tokenizer in a thread, from the flow's start: there the main thread mostly waits on
+    Prefect's API and the replicas. Not earlier: its imports (transformers; torch too with
+    transformers 5.17: 3-5 s on a GPU host) hold the GIL, and beside `rlfleet rl`'s own imports
+    they delayed the flow's start by 5 s on a warm fleet (an H200 host, 2026-11-28)."""
     threading.Thread(target=load_tokenizer, args=(path,), name="rlfleet-tokenizer", daemon=True).start()
 
 

@@ -25,7 +25,6 @@ from rlfleet.config.models import InferenceJobConfig, RLConfig, TrainerJobConfig
 from rlfleet.config.placement import Placement
 from rlfleet.fleet.attach import fleet_hold
 from rlfleet.inference.pool import InferencePool
-from rlfleet.orchestrator.rollout import warm_tokenizer
 from rlfleet.runs.configs import resolve, trainer_config, write_configs
 from rlfleet.runs.lock import acquire_run_lock, release_run_lock
 from rlfleet.store import run_store
@@ -84,7 +83,6 @@ def early_start(config: RLConfig) -> Iterator[None]:
     what no flow adopted (it failed first, or resolved another config) is stopped on the way out.
     A run on given servers (`inference.urls`) or on SLURM starts nothing here; one attached to a
     fleet starts only its trainer (the fleet's replicas serve already)."""
-    warm_tokenizer(config.model.path)  # while the rest starts: the flow's first sampling needs it
     with fleet_hold(config.fleet, config.output_dir):  # its replica, before its config names it
         cfg, placement = resolve(config)
         if (cfg.inference.urls and cfg.fleet is None) or cfg.deployment.type != "single_node":
