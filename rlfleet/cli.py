@@ -65,6 +65,11 @@ def _rl(argv: Sequence[str]) -> int:
     if cfg.slurm is not None:
         return _submit("rl", cfg)
     use_fleet_api(cfg.fleet)  # before anything imports Prefect
+    if cfg.fleet is not None:  # a warm controller of the fleet's runs it, its imports paid
+        from rlfleet.fleet.controller import hand_off
+
+        if (code := hand_off(cfg.fleet, ["rl", *argv])) is not None:
+            return code
     if os.environ.get("RLFLEET_S3_CREDENTIALS_BLOCK"):  # S3 credentials from a Prefect block
         from rlfleet.tasks.storage import load_credentials_block
 

@@ -24,9 +24,9 @@ from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig, T
 from rlfleet.config.rollouts import EvalConfig
 from rlfleet.fleet.api import FleetApi, check_api_port, use_fleet_api
 from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold, held_by
+from rlfleet.fleet.keeper import WarmKeeper
 from rlfleet.fleet.serve import check_gpu_ids, serve
 from rlfleet.fleet.state import fleet_dir, mismatches, read_state, shape, write_state
-from rlfleet.fleet.warm import WarmKeeper
 from rlfleet.inference.server import healthy
 from rlfleet.orchestrator.rollout import read_rollout
 from rlfleet.procs import pid_alive, running, wait_until
@@ -408,7 +408,7 @@ def test_a_warm_trainer_taken_by_a_run_goes_with_its_controller_and_a_fresh_one_
     """A run's controller hands its trainer job to the fleet's warm trainer, which compiled the
     fleet's model while it waited: it trains in the run's log as the run's trainer, and when the controller is SIGKILLed it exits (as a trainer the run
     started would); the fleet starts a fresh one, which no run has touched."""
-    keeper = WarmKeeper(tmp_path / "t", 0, [], str(tiny_model), "float32").start()
+    keeper = WarmKeeper.trainer(tmp_path / "t", 0, [], str(tiny_model), "float32").start()
     try:
         warm = json.loads(wait_until(lambda: _read(keeper.spool / "warm.json"), 120, what="a warm trainer"))
         keeper.release()  # what the fleet does once its replicas are up
@@ -453,6 +453,65 @@ def test_a_warm_trainer_taken_by_a_run_goes_with_its_controller_and_a_fresh_one_
     finally:
         keeper.stop()
     assert not keeper.process.alive()
+
+
+@pytest.mark.e2e
+def test_a_run_on_a_fleet_runs_in_its_warm_controller_and_goes_with_its_caller(
+    tiny_model, prefect_api, tmp_path
+):
+    """`rlfleet rl --fleet` hands its command to the fleet's warm controller (imports and tokenizer
+    paid before the command): the run's output reaches the caller's stdout, its exit code is the
+    caller's, and that process, a run's controller now, exits with the run; a fresh one waits. A
+    caller SIGKILLed mid-run takes its warm controller with it, and the replica it held is free."""
+    fleet = _fleet(tiny_model, free_port(), max_model_len=128)
+    stop, ready = threading.Event(), threading.Event()
+    thread = threading.Thread(target=serve, args=(fleet, stop, ready), daemon=True)
+    thread.start()
+
+    def command(name: str, steps: int) -> list[str]:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(to_toml(rl_config(tiny_model, tmp_path / name, max_steps=steps, fleet="t")))
+        return [sys.executable, "-m", "rlfleet.cli", "rl", "@", str(path)]
+
+    try:
+        assert ready.wait(300), "the fleet did not come up"
+        first = _controller()
+        done = subprocess.run(command("a", 1), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert (
+            json.loads(done.stdout[done.stdout.index("{") :])["wall_seconds"] > 0
+        )  # the summary, printed there
+        assert "step 0 (1/1)" in done.stdout + done.stderr  # the flow's log lines too
+        assert not running(first["pid"], first["started"])  # it ran the run, and went with it
+        second = wait_until(
+            lambda: (w := _controller())["pid"] != first["pid"] and w, 120, what="a fresh one"
+        )
+        assert read_steps(RunStore(str(tmp_path / "a")))[0]["step"] == 0
+
+        caller = subprocess.Popen(command("b", 50), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        claimed = fleet_dir() / "t" / "controller" / "0" / "claimed.json"
+        wait_until(lambda: _read(claimed) and json.loads(_read(claimed))["pid"] == caller.pid, 120)
+        wait_until(
+            lambda: _lock("t").get("run") == str(tmp_path / "b"), 120, what="run b to hold the replica"
+        )
+        caller.kill()
+        caller.wait()
+        wait_until(lambda: not running(second["pid"], second["started"]), 30, what="the controller to go")
+        with fleet_hold("t", "outputs/next") as slot:  # given back by the kernel with the process
+            assert slot == 0
+    finally:
+        stop.set()
+        thread.join(120)
+
+
+def _controller() -> dict:
+    """The fleet's waiting warm controller (pid, start time), once it is ready for a run."""
+    spool = fleet_dir() / "t" / "controller" / "0"
+    return json.loads(
+        wait_until(
+            lambda: (spool / "ready").exists() and _read(spool / "warm.json"), 120, what="a warm controller"
+        )
+    )
 
 
 def _read(path) -> str | None:

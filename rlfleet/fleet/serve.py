@@ -2,7 +2,8 @@
 are, keep them serving until SIGTERM or SIGINT (`rlfleet fleet down NAME` sends it). A replica that
 dies is relaunched by the pool's watch (inference/pool.py), from the base model; a run attached to
 it waits for it and loads its own weights on it again (`InferencePool._rejoin`). A Prefect server
-that dies is started again here, and a fresh warm trainer (fleet/warm.py) after each run's job."""
+that dies is started again here, and a fresh warm trainer (fleet/warm.py) and warm controller
+(fleet/controller.py) after each run that took one (fleet/keeper.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from rlfleet.config.model import check_model
 from rlfleet.config.placement import visible_gpus
 from rlfleet.fleet.api import FleetApi, check_api_port
 from rlfleet.fleet.attach import mark_started
+from rlfleet.fleet.keeper import WarmKeeper
 from rlfleet.fleet.state import FleetState, fleet_dir, read_state, remove_state, write_state
-from rlfleet.fleet.warm import WarmKeeper
 from rlfleet.inference.pool import InferencePool
 from rlfleet.procs import running, wait_until
 
@@ -60,22 +61,25 @@ def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None
     pool, api = InferencePool(job), FleetApi(cfg, home)
     n = cfg.inference.num_replicas
     m = cfg.model
-    trainers = [WarmKeeper(home, i, cfg.trainer_gpu_ids[i : i + 1], m.path, m.dtype) for i in range(n)]
+    trainers = [
+        WarmKeeper.trainer(home, i, cfg.trainer_gpu_ids[i : i + 1], m.path, m.dtype) for i in range(n)
+    ]
     trainers = trainers if cfg.trainer else []
+    warm = trainers + [WarmKeeper.controller(home, i, m.path) for i in range(n)]
     try:
         pool.start()
         api.start()  # beside the replicas
-        for t in trainers:
-            t.start()
+        for w in warm:
+            w.start()
         urls = pool.ensure()
-        for t in trainers:
-            t.release()
+        for w in warm:
+            w.release()
         mark_started(cfg.name, n, cfg.model.path)  # its replicas serve the base model: runs skip that load
         spools = str(home / "trainer") if trainers else ""
         api_url = api.wait_ready()
         api.create_gpu_limits(sorted({*cfg.gpu_ids, *cfg.trainer_gpu_ids}))
-        for t in trainers:
-            t.wait_ready()
+        for w in warm:
+            w.wait_ready()
         state = write_state(cfg.name, urls, job, api_url, spools, cfg.trainer_gpu_ids)
         log.info(
             "fleet %s up: %s serving %s, Prefect API %s, %s; runs attach with fleet = %r",
@@ -83,24 +87,27 @@ def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None
             ", ".join(state["urls"]),
             cfg.model.path,
             state["api_url"],
-            f"{n} warm trainer(s) on {','.join(cfg.trainer_gpu_ids) or 'the CPU'}"
-            if trainers
-            else "no warm trainer",
+            f"{n} warm controller(s), "
+            + (
+                f"{n} warm trainer(s) on {','.join(cfg.trainer_gpu_ids) or 'the CPU'}"
+                if trainers
+                else "no warm trainer"
+            ),
             cfg.name,
         )
         if ready is not None:
             ready.set()
         while not stop.wait(KEEP_S):
             api.keep()
-            for t in trainers:
-                t.keep()
+            for w in warm:
+                w.keep()
         return state
     finally:
         remove_state(cfg.name)
         pool.shutdown()
         api.stop()
-        for t in trainers:
-            t.stop()
+        for w in warm:
+            w.stop()
 
 
 def up(cfg: FleetConfig) -> int:

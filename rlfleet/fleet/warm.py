@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from rlfleet.fleet.attach import held_slot
+from rlfleet.fleet.keeper import CLAIMED, GO, POLL_S, READY, WARM
 from rlfleet.fleet.state import read_state, write_json_atomic
 from rlfleet.procs import (
     ManagedProcess,
@@ -48,9 +49,8 @@ from rlfleet.procs import (
 )
 
 log = logging.getLogger("rlfleet.fleet")
-WARM, JOB, CLAIMED, GO, READY = "warm.json", "job.json", "claimed.json", "go", "ready"
+JOB = "job.json"
 CLAIM_TIMEOUT_S = 60.0  # a warm process still importing takes the job when its imports are done
-POLL_S = 0.05
 
 
 class Job(TypedDict):
@@ -60,13 +60,6 @@ class Job(TypedDict):
     env: dict[str, str]
     controller: int  # the run's controller: the trainer goes when it goes
     controller_started: float
-
-
-def clear(spool: Path) -> None:
-    """What a warm process that exited left; the fleet calls it before starting the next."""
-    spool.mkdir(parents=True, exist_ok=True)
-    for name in (WARM, JOB, CLAIMED, GO, READY):
-        (spool / name).unlink(missing_ok=True)
 
 
 def serve_one(spool: Path, model: str | None = None, dtype: str = "float32") -> int:
@@ -258,82 +251,6 @@ def claim_from_fleet(
 def spool_of(base: Path, slot: int) -> Path:
     """The hand-off directory of the warm trainer beside replica `slot`."""
     return base / str(slot)
-
-
-class WarmKeeper:
-    """The fleet's side, for the trainer beside replica `slot`: one warm trainer waiting, a fresh
-    one after each job. One that exits without a job (it failed its imports) is started again
-    after `RETRY_S`, its log named."""
-
-    RETRY_S = 30.0
-
-    def __init__(self, home: Path, slot: int, gpu_ids: list[str], model: str, dtype: str):
-        self.spool = spool_of(home / "trainer", slot)
-        env = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-        if gpu_ids:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
-        self.process = ManagedProcess(
-            name=f"trainer_{slot}",
-            cmd=[sys.executable, "-m", "rlfleet.fleet.warm", str(self.spool), model, dtype],
-            log_path=home / "logs" / "trainer" / f"warm_{slot}.log",
-            pidfile=home / "run" / f"trainer_{slot}.pid",
-            env=env,
-        )
-        self.starts = 0
-        self.released = False
-        self._retry_at = 0.0
-
-    def start(self) -> WarmKeeper:
-        clear(self.spool)
-        self.process.start()
-        self.starts += 1
-        if self.released:
-            (self.spool / GO).touch()
-        return self
-
-    def release(self) -> None:
-        """The fleet's replicas are up: this and every later warm trainer may compile on its GPU."""
-        self.released = True
-        (self.spool / GO).touch()
-
-    def wait_ready(self, timeout_s: float = 600.0) -> bool:
-        """Wait until the warm trainer has compiled and waits for a job; False if it exited first
-        or is still compiling after `timeout_s` (a run that comes then waits for it, or starts its own)."""
-        try:
-            wait_until(
-                lambda: (self.spool / READY).exists(),
-                timeout_s,
-                POLL_S,
-                what="the warm trainer to compile",
-                abort=lambda: None if self.process.alive() else "it exited",
-            )
-            return True
-        except (TimeoutError, RuntimeError) as e:
-            log.warning("%s; log %s", e, self.process.log_path)
-            return False
-
-    def keep(self) -> None:
-        """Start a fresh warm trainer once the last one is gone (it ran a run's job, or failed)."""
-        if self.process.alive() or time.monotonic() < self._retry_at:
-            return
-        if (self.spool / CLAIMED).exists():
-            log.info("the warm trainer ran a job (exit %s): starting a fresh one", self.process.returncode())
-        elif not self._retry_at:
-            self._retry_at = time.monotonic() + self.RETRY_S
-            log.warning(
-                "the warm trainer exited (%s) before any job; again in %.0f s. Log %s:\n%s",
-                self.process.returncode(),
-                self.RETRY_S,
-                self.process.log_path,
-                self.process.log_tail(),
-            )
-            return
-        self._retry_at = 0.0
-        self.start()
-
-    def stop(self) -> None:
-        self.process.stop()
-        clear(self.spool)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,114 @@
+"""The fleet's side of its warm processes: for each replica slot, one warm trainer (fleet/warm.py)
+and one warm controller (fleet/controller.py) waiting, a fresh one after each run that took one.
+One that exits without a run (it failed its imports) is started again after `RETRY_S`, its log
+named."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+from rlfleet.procs import ManagedProcess, wait_until
+
+log = logging.getLogger("rlfleet.fleet")
+# the files both kinds share in their spool directory: the waiting process, its readiness, the run
+# that took it, and the fleet's word that its replicas serve (a trainer compiles only then)
+WARM, READY, CLAIMED, GO = "warm.json", "ready", "claimed.json", "go"
+POLL_S = 0.05
+
+
+class WarmKeeper:
+    """One warm process of kind `kind` ("trainer" or "controller") beside replica `slot`."""
+
+    RETRY_S = 30.0
+
+    def __init__(self, home: Path, kind: str, slot: int, args: list[str], env: dict[str, str]):
+        self.kind = kind
+        self.spool = home / kind / str(slot)
+        self.process = ManagedProcess(
+            name=f"{kind}_{slot}",
+            cmd=[sys.executable, "-m", f"rlfleet.fleet.{MODULES[kind]}", str(self.spool), *args],
+            log_path=home / "logs" / kind / f"warm_{slot}.log",
+            pidfile=home / "run" / f"{kind}_{slot}.pid",
+            env={"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **env},
+        )
+        self.starts = 0
+        self.released = False
+        self._retry_at = 0.0
+
+    @classmethod
+    def trainer(cls, home: Path, slot: int, gpu_ids: list[str], model: str, dtype: str) -> WarmKeeper:
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)} if gpu_ids else {}
+        return cls(home, "trainer", slot, [model, dtype], env)
+
+    @classmethod
+    def controller(cls, home: Path, slot: int, model: str) -> WarmKeeper:
+        return cls(home, "controller", slot, [model], {})
+
+    def start(self) -> WarmKeeper:
+        clear(self.spool)
+        self.process.start()
+        self.starts += 1
+        if self.released:
+            (self.spool / GO).touch()
+        return self
+
+    def release(self) -> None:
+        """The fleet's replicas are up: this and every later warm trainer may compile on its GPU."""
+        self.released = True
+        (self.spool / GO).touch()
+
+    def wait_ready(self, timeout_s: float = 600.0) -> bool:
+        """Wait until the warm process is ready for a run (a trainer: compiled); False if it exited
+        first or is not ready after `timeout_s` (a run that comes then waits for it, or goes without)."""
+        try:
+            wait_until(
+                lambda: (self.spool / READY).exists(),
+                timeout_s,
+                POLL_S,
+                what=f"the warm {self.kind} to be ready",
+                abort=lambda: None if self.process.alive() else "it exited",
+            )
+            return True
+        except (TimeoutError, RuntimeError) as e:
+            log.warning("%s; log %s", e, self.process.log_path)
+            return False
+
+    def keep(self) -> None:
+        """Start a fresh warm process once the last one is gone (it ran a run, or failed)."""
+        if self.process.alive() or time.monotonic() < self._retry_at:
+            return
+        if (self.spool / CLAIMED).exists():
+            log.info(
+                "the warm %s ran a run (exit %s): starting a fresh one", self.kind, self.process.returncode()
+            )
+        elif not self._retry_at:
+            self._retry_at = time.monotonic() + self.RETRY_S
+            log.warning(
+                "the warm %s exited (%s) before any run; again in %.0f s. Log %s:\n%s",
+                self.kind,
+                self.process.returncode(),
+                self.RETRY_S,
+                self.process.log_path,
+                self.process.log_tail(),
+            )
+            return
+        self._retry_at = 0.0
+        self.start()
+
+    def stop(self) -> None:
+        self.process.stop()
+        clear(self.spool)
+
+
+MODULES = {"trainer": "warm", "controller": "controller"}
+
+
+def clear(spool: Path) -> None:
+    """What a warm process that exited left; before starting the next."""
+    spool.mkdir(parents=True, exist_ok=True)
+    for f in spool.iterdir():
+        if f.is_file():
+            f.unlink(missing_ok=True)
