@@ -109,7 +109,10 @@ LEARNING = {  # results directory -> what its job is
     "learning_vs_trl_h200_warm": ("one-digit addition, 32-token answers, warm host", "seed1"),
     "learning_vs_trl_reason_h200": ("one-digit addition with its working, up to 1,024 tokens", "reason"),
     "learning_vs_trl_h200x2_s11": ("one-digit addition, 32-token answers, cold (k1) or on a warm fleet", ""),
-    "learning_vs_trl_h200x2_s11_fleet2": ("one-digit addition, 32-token answers, two runs on a warm fleet", ""),
+    "learning_vs_trl_h200x2_s11_fleet2": (
+        "one-digit addition, 32-token answers, two runs on a warm fleet",
+        "",
+    ),
 }
 
 

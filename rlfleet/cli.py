@@ -66,7 +66,7 @@ def _rl(argv: Sequence[str]) -> int:
         return _submit("rl", cfg)
     use_fleet_api(cfg.fleet)  # before anything imports Prefect
     if cfg.fleet is not None:  # a warm controller of the fleet's runs it, its imports paid
-        from rlfleet.fleet.controller import hand_off
+        from rlfleet.fleet.handoff import hand_off
 
         if (code := hand_off(cfg.fleet, ["rl", *argv])) is not None:
             return code

@@ -1,0 +1,121 @@
+"""`rlfleet rl --fleet NAME`'s side of a warm controller (fleet/controller.py), and what both sides
+share: hand a free one the command (argv, environment, working directory, and the caller's stdout
+and stderr as file descriptors over a Unix socket), then wait for its exit code, passing SIGINT,
+SIGTERM and SIGHUP on. With none free (each runs a run, or is starting) the caller runs the command
+itself, as without a fleet.
+
+The socket is in Linux's abstract namespace, named from the warm controller's directory: a path
+under pytest's or a user's deep directory outgrows a socket path's 108 bytes, and nothing is left
+behind when the process dies."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+from pathlib import Path
+from typing import BinaryIO, TypedDict
+
+from rlfleet.fleet.state import fleet_dir, read_state
+from rlfleet.procs import this_process
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+LEN = struct.Struct("!Q")  # the command's size, sent with the file descriptors
+HANDSHAKE_S = 60.0
+_disabled = False
+
+
+class Command(TypedDict):
+    argv: list[str]  # rlfleet's arguments, the command first ("rl", "@", ...)
+    env: dict[str, str]
+    cwd: str
+    caller: int  # the `rlfleet rl` process waiting for the exit code
+    caller_started: float
+
+
+def disable() -> None:
+    """This process is a warm controller running a run: it hands nothing off again."""
+    global _disabled
+    _disabled = True
+
+
+def spools(name: str) -> list[Path]:
+    """Fleet `name`'s warm controllers' directories, by replica slot."""
+    base = fleet_dir() / name / "controller"
+    return sorted((p for p in base.iterdir() if p.is_dir()), key=lambda p: p.name) if base.is_dir() else []
+
+
+def address(spool: Path) -> str:
+    """The warm controller's socket: an abstract one (a leading NUL), named from its directory."""
+    return "\0rlfleet-controller-" + hashlib.sha256(str(spool.resolve()).encode()).hexdigest()[:32]
+
+
+def hand_off(name: str, argv: list[str]) -> int | None:
+    """Run `rlfleet <argv>` in one of fleet `name`'s warm controllers and return its exit code;
+    None when none took it (none up, each running a run, or this process is one)."""
+    if _disabled or read_state(name) is None:
+        return None
+    for spool in spools(name):
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(HANDSHAKE_S)  # it answers as soon as the command is whole
+        try:
+            conn.connect(address(spool))
+            _send(conn, argv)
+            replies = conn.makefile("rb")
+            line = replies.readline()
+        except OSError:  # no listener (it runs another run, or is starting), or no answer
+            conn.close()
+            continue
+        if not line:  # it took another caller's command
+            conn.close()
+            continue
+        conn.settimeout(None)  # the run takes as long as it takes
+        return _wait(replies, int(json.loads(line)["pid"]))
+    return None
+
+
+def _send(conn: socket.socket, argv: list[str]) -> None:
+    me = this_process()
+    command: Command = {
+        "argv": argv,
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+        "caller": int(me["pid"]),
+        "caller_started": me["started"],
+    }
+    data = json.dumps(command).encode()
+    socket.send_fds(conn, [LEN.pack(len(data))], [sys.stdout.fileno(), sys.stderr.fileno()])
+    conn.sendall(data)
+
+
+def _wait(replies: BinaryIO, pid: int) -> int:
+    for sig in FORWARDED:
+        signal.signal(sig, lambda s, _frame: _forward(pid, s))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    line = replies.readline()
+    if line:
+        return int(line)
+    print(f"rlfleet: the fleet's warm controller (pid {pid}) running this command died", file=sys.stderr)
+    return 128 + signal.SIGKILL
+
+
+def _forward(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def recv_exactly(conn: socket.socket, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = conn.recv(n - got)
+        if not chunk:
+            raise ConnectionError("the caller went before its command was whole")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
