@@ -1,0 +1,135 @@
+"""Start-up before and after, from results already measured (no run of its own): the seconds from a
+command to its first step, cold against TRL and on a warm fleet, as one picture and one JSON.
+
+    python benchmarks/startup_summary.py --out benchmarks/results/startup_summary.json
+
+It reads benchmarks/results/ (each number's file is named in the JSON) and writes the JSON and a
+PNG beside it. docs/benchmarks/startup.md shows both."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from statistics import median
+from typing import Any, TypedDict
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class Bar(TypedDict):
+    panel: str  # which picture: the SmolLM2 job's start-up, or the tiny job's first step
+    label: str
+    seconds: float
+    source: str  # the results file it comes from
+
+
+def startup(directory: str, group: str) -> float:
+    """A learning_vs_trl group's start-up (command -> step 0 starts), mean over its seeds."""
+    seeds = json.loads((RESULTS / directory / "summary.json").read_text())["groups"][group][
+        "startup_s_per_seed"
+    ]
+    return sum(seeds) / len(seeds)
+
+
+def fleet_start(name: str) -> dict[str, list[float]]:
+    """fleet_start.py's first steps (command -> step 0's end), by variant."""
+    runs = json.loads((RESULTS / name).read_text())["results"]["runs"]
+    return {v: [r["first_step_s"] for r in rs] for v, rs in runs.items()}
+
+
+def bars() -> list[Bar]:
+    smol = "SmolLM2-135M, one H200: command -> step 0 starts (start-up, base eval in)"
+    tiny = "tiny job: command -> step 0's end"
+    gpu, cpu = (
+        fleet_start("fleet_start_h200_1gpu.json"),
+        fleet_start("fleet_start_cpu_2core_warm_controller.json"),
+    )
+    warm = json.loads((RESULTS / "fleet_warm_controller_h200" / "summary.json").read_text())
+    out: list[Bar] = []
+    for label, directory, group in (
+        ("TRL cold (11-27)", "learning_vs_trl_h200", "trl/sync"),
+        ("rlfleet cold (11-27)", "learning_vs_trl_h200", "rlfleet/k1"),
+        ("TRL cold (11-28)", "learning_vs_trl_h200x2_s11", "trl/sync"),
+        ("rlfleet cold (11-28)", "learning_vs_trl_h200x2_s11", "rlfleet/k1"),
+        ("rlfleet, warm fleet (11-28)", "learning_vs_trl_h200x2_s11_fleet2", "rlfleet/k2_fleet"),
+    ):
+        out.append(
+            {
+                "panel": smol,
+                "label": label,
+                "seconds": startup(directory, group),
+                "source": f"{directory}/summary.json",
+            }
+        )
+    out += [
+        {
+            "panel": tiny,
+            "label": "H200 cold",
+            "seconds": gpu["cold"][0],
+            "source": "fleet_start_h200_1gpu.json",
+        },
+        {
+            "panel": tiny,
+            "label": "H200 fleet, no warm controller",
+            "seconds": gpu["fleet"][0],
+            "source": "fleet_start_h200_1gpu.json",
+        },
+        {
+            "panel": tiny,
+            "label": "H200 fleet, warm controller",
+            "seconds": warm["runs"][0]["first_step_s"],
+            "source": "fleet_warm_controller_h200/summary.json",
+        },
+        {
+            "panel": tiny,
+            "label": "2 CPU cores cold (median)",
+            "seconds": median(cpu["cold"]),
+            "source": "fleet_start_cpu_2core_warm_controller.json",
+        },
+        {
+            "panel": tiny,
+            "label": "2 CPU cores fleet, warm controller",
+            "seconds": cpu["fleet"][0],
+            "source": "fleet_start_cpu_2core_warm_controller.json",
+        },
+    ]
+    return out
+
+
+def plot(rows: list[Bar], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(dict.fromkeys(r["panel"] for r in rows))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 6), dpi=110)
+    for ax, panel in zip(axes, panels, strict=True):
+        mine = [r for r in rows if r["panel"] == panel]
+        colors = ["tab:gray" if r["label"].startswith("TRL") else "tab:blue" for r in mine]
+        ax.barh([r["label"] for r in mine], [r["seconds"] for r in mine], color=colors)
+        for i, r in enumerate(mine):
+            ax.text(r["seconds"], i, f" {r['seconds']:.1f} s", va="center", fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(panel, fontsize=9)
+        ax.set_xlabel("seconds")
+        ax.set_xlim(0, max(r["seconds"] for r in mine) * 1.18)
+    fig.tight_layout()
+    fig.savefig(png)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    out = Path(ap.parse_args().out)
+    rows = bars()
+    summary: dict[str, Any] = {"bars": rows}
+    out.write_text(json.dumps(summary, indent=1))
+    plot(rows, out.with_suffix(".png"))
+    for r in rows:
+        print(f"{r['seconds']:7.1f} s  {r['label']}  ({r['panel']})")
+
+
+if __name__ == "__main__":
+    main()
