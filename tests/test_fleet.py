@@ -482,7 +482,8 @@ def test_a_run_on_a_fleet_runs_in_its_warm_controller_and_goes_with_its_caller(
             json.loads(done.stdout[done.stdout.index("{") :])["wall_seconds"] > 0
         )  # the summary, printed there
         assert "step 0 (1/1)" in done.stdout + done.stderr  # the flow's log lines too
-        assert not running(first["pid"], first["started"])  # it ran the run, and went with it
+        # it ran the run, and goes with it (its exit, after the code it sent, takes a moment)
+        wait_until(lambda: not running(first["pid"], first["started"]), 60, what="it to exit with its run")
         second = wait_until(
             lambda: (w := _controller())["pid"] != first["pid"] and w, 120, what="a fresh one"
         )

@@ -14,6 +14,7 @@ done, listening) and `claimed.json` (the caller's pid)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -63,10 +64,17 @@ def serve_one(spool: Path, model: str) -> int:
     code = 1
     try:
         code = cli.main(command["argv"])
+    except SystemExit as e:  # the code a process exiting so would have
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        raise
+    except KeyboardInterrupt:  # a forwarded ^C: as the shell reports a process it ended
+        code = 128 + signal.SIGINT
+        raise
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        conn.sendall(f"{code}\n".encode())
+        with contextlib.suppress(OSError):  # a caller gone takes this process with it anyway
+            conn.sendall(f"{code}\n".encode())
     return code
 
 
