@@ -239,9 +239,11 @@ def _fleet(argv: Sequence[str]) -> int:
         return 0
     if action == "status" and not rest:
         from rlfleet.fleet.attach import held_by
+        from rlfleet.fleet.keeper import warm
         from rlfleet.fleet.state import live_fleets
 
-        fleets = [s | {"held_by": held_by(s)} for s in live_fleets()]  # per replica: a run, or idle (null)
+        # per replica: the run that holds it, or idle (null); and which warm processes wait beside it
+        fleets = [s | {"held_by": held_by(s), "warm": warm(s["name"], len(s["urls"]))} for s in live_fleets()]
         print(json.dumps(fleets, indent=2))
         return 0
     print("usage: rlfleet fleet up @ fleet.toml | fleet down NAME | fleet status", file=sys.stderr)

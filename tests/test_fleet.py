@@ -24,7 +24,7 @@ from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig, T
 from rlfleet.config.rollouts import EvalConfig
 from rlfleet.fleet.api import FleetApi, check_api_port, use_fleet_api
 from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold, held_by
-from rlfleet.fleet.keeper import WarmKeeper
+from rlfleet.fleet.keeper import WarmKeeper, warm
 from rlfleet.fleet.serve import check_gpu_ids, serve
 from rlfleet.fleet.state import fleet_dir, mismatches, read_state, shape, write_state
 from rlfleet.inference.server import healthy
@@ -475,6 +475,7 @@ def test_a_run_on_a_fleet_runs_in_its_warm_controller_and_goes_with_its_caller(
 
     try:
         assert ready.wait(300), "the fleet did not come up"
+        assert warm("t", 1) == [{"trainer": True, "controller": True}]  # up: both wait, ready
         first = _controller()
         done = subprocess.run(command("a", 1), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]

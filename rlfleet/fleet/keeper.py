@@ -5,12 +5,14 @@ named."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
 from pathlib import Path
 
-from rlfleet.procs import ManagedProcess, wait_until
+from rlfleet.fleet.state import fleet_dir
+from rlfleet.procs import ManagedProcess, running, wait_until
 
 log = logging.getLogger("rlfleet.fleet")
 # the files both kinds share in their spool directory: the waiting process, its readiness, the run
@@ -112,3 +114,19 @@ def clear(spool: Path) -> None:
     for f in spool.iterdir():
         if f.is_file():
             f.unlink(missing_ok=True)
+
+
+def warm(name: str, slots: int) -> list[dict[str, bool]]:
+    """Per replica slot of fleet `name`, which kinds of warm process wait ready for a run (what
+    `rlfleet fleet status` shows as warm)."""
+    home = fleet_dir() / name
+    return [{kind: _waiting(home / kind / str(i)) for kind in MODULES} for i in range(slots)]
+
+
+def _waiting(spool: Path) -> bool:
+    try:
+        process = json.loads((spool / WARM).read_text())
+    except (OSError, ValueError):
+        return False
+    ready = (spool / READY).exists() and not (spool / CLAIMED).exists()
+    return ready and running(process["pid"], process["started"])
