@@ -94,9 +94,9 @@ def _preload() -> None:
 def _settings_from_env() -> None:
     """Prefect's settings read again, from the caller's environment: Prefect reads them once, at
     its import, into the context every later read goes through (the API the run uses included)."""
-    import prefect.context
+    from prefect.context import refresh_global_settings_context
 
-    prefect.context.GLOBAL_SETTINGS_CONTEXT = prefect.context.root_settings_context()
+    refresh_global_settings_context()
 
 
 def _take(spool: Path) -> tuple[socket.socket, Command, list[int]]:

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import BinaryIO, TypedDict
 
+from rlfleet.fleet.keeper import spool
 from rlfleet.fleet.state import fleet_dir, read_state
 from rlfleet.procs import this_process
 
@@ -44,12 +45,6 @@ def disable() -> None:
     _disabled = True
 
 
-def spools(name: str) -> list[Path]:
-    """Fleet `name`'s warm controllers' directories, by replica slot."""
-    base = fleet_dir() / name / "controller"
-    return sorted((p for p in base.iterdir() if p.is_dir()), key=lambda p: p.name) if base.is_dir() else []
-
-
 def address(spool: Path) -> str:
     """The warm controller's socket: an abstract one (a leading NUL), named from its directory."""
     return "\0rlfleet-controller-" + hashlib.sha256(str(spool.resolve()).encode()).hexdigest()[:32]
@@ -58,13 +53,13 @@ def address(spool: Path) -> str:
 def hand_off(name: str, argv: list[str]) -> int | None:
     """Run `rlfleet <argv>` in one of fleet `name`'s warm controllers and return its exit code;
     None when none took it (none up, each running a run, or this process is one)."""
-    if _disabled or read_state(name) is None:
+    if _disabled or (state := read_state(name)) is None:
         return None
-    for spool in spools(name):
+    for slot in range(len(state["urls"])):  # a warm controller beside each replica
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.settimeout(HANDSHAKE_S)  # it answers as soon as the command is whole
         try:
-            conn.connect(address(spool))
+            conn.connect(address(spool(fleet_dir() / name, "controller", slot)))
             _send(conn, argv)
             replies = conn.makefile("rb")
             line = replies.readline()

@@ -28,7 +28,7 @@ class WarmKeeper:
 
     def __init__(self, home: Path, kind: str, slot: int, args: list[str], env: dict[str, str]):
         self.kind = kind
-        self.spool = home / kind / str(slot)
+        self.spool = spool(home, kind, slot)
         self.process = ManagedProcess(
             name=f"{kind}_{slot}",
             cmd=[sys.executable, "-m", f"rlfleet.fleet.{MODULES[kind]}", str(self.spool), *args],
@@ -108,6 +108,12 @@ class WarmKeeper:
 MODULES = {"trainer": "warm", "controller": "controller"}
 
 
+def spool(home: Path, kind: str, slot: int) -> Path:
+    """The directory through which the fleet at `home`, its warm process of `kind` beside replica
+    `slot` and the run that takes it speak."""
+    return home / kind / str(slot)
+
+
 def clear(spool: Path) -> None:
     """What a warm process that exited left; before starting the next."""
     spool.mkdir(parents=True, exist_ok=True)
@@ -120,7 +126,7 @@ def warm(name: str, slots: int) -> list[dict[str, bool]]:
     """Per replica slot of fleet `name`, which kinds of warm process wait ready for a run (what
     `rlfleet fleet status` shows as warm)."""
     home = fleet_dir() / name
-    return [{kind: _waiting(home / kind / str(i)) for kind in MODULES} for i in range(slots)]
+    return [{kind: _waiting(spool(home, kind, i)) for kind in MODULES} for i in range(slots)]
 
 
 def _waiting(spool: Path) -> bool:

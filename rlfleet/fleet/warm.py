@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import TypedDict
 
 from rlfleet.fleet.attach import held_slot
-from rlfleet.fleet.keeper import CLAIMED, GO, POLL_S, READY, WARM
-from rlfleet.fleet.state import read_state, write_json_atomic
+from rlfleet.fleet.keeper import CLAIMED, GO, POLL_S, READY, WARM, spool
+from rlfleet.fleet.state import fleet_dir, read_state, write_json_atomic
 from rlfleet.procs import (
     ManagedProcess,
     kill_group,
@@ -242,15 +242,10 @@ def claim_from_fleet(
             ",".join(gpu_ids) or "the CPU",
         )
         return None
-    taken = claim(spool_of(Path(state["trainer"]), slot), config, log_path, pidfile, env)
+    taken = claim(spool(fleet_dir() / fleet, "trainer", slot), config, log_path, pidfile, env)
     if taken is not None:
         log.info("trainer: fleet %s's warm trainer (pid %d) took the job", fleet, taken.warm_pid)
     return taken
-
-
-def spool_of(base: Path, slot: int) -> Path:
-    """The hand-off directory of the warm trainer beside replica `slot`."""
-    return base / str(slot)
 
 
 if __name__ == "__main__":
