@@ -4,7 +4,9 @@ For each shape (Qwen2.5 0.5B / 1.5B, random init), `rlfleet trainer --bench`'s s
 rank, GRPO loss, AdamW) on packed rows of a long-tail job's length mix, once per attention:
 - `sdpa`: transformers' default, what the trainer ran before: restarting position ids build a dense
   block-diagonal mask, and sdpa with a mask has no flash kernel;
-- `varlen`: the trainer's own (rlfleet/trainer/attention.py), torch's flash varlen kernel.
+- `varlen`: the trainer's own (rlfleet/trainer/attention.py): FlashAttention-4 where it runs
+  (Hopper / Blackwell with flash-attn-4), else torch's flash varlen kernel (FA2);
+- `fa2`: the trainer's own with torch's FA2 even where FA4 runs.
 Each in its own process (peak memory, allocator). Also, once per shape in bf16 on the GPU: each
 sample's logprobs packed against the same sample alone (max abs difference).
 
@@ -33,6 +35,10 @@ def one(model_dir: str, attention: str, seq: int, micro_batches: int, out: str) 
 
     if attention == "sdpa":  # the trainer as it was: transformers' default attention on packed rows
         train.VARLEN = "sdpa"
+    if attention == "fa2":  # varlen through torch's FlashAttention-2 even where FA4 runs
+        from rlfleet.trainer import fa4
+
+        fa4.available = lambda: "FA2 asked for (benchmarks/packed_attention.py)"
     argv = ["trainer", "--bench", "--model.path", model_dir, "--output-dir", str(Path(out).parent / "run")]
     argv += ["--bench.seq-len", str(seq), "--bench.micro-batches", str(micro_batches)]
     argv += ["--bench.output-json", out, "--bench.steps", "4"]
@@ -108,6 +114,7 @@ def plot(path: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="0.5b,1.5b")
+    p.add_argument("--attentions", default=",".join(ATTENTIONS), help=f"of sdpa, fa2, varlen ({ATTENTIONS})")
     p.add_argument("--seq", type=int, default=16384, help="tokens a packed row (one row a micro-batch)")
     p.add_argument("--micro-batches", type=int, default=4)
     p.add_argument("--out", required=True)
@@ -130,7 +137,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             model = str(write_config(Path(tmp) / shape, shape))
             row = {"shape": shape, "seq": a.seq}
-            for attention in ATTENTIONS:
+            for attention in a.attentions.split(","):
                 out = Path(tmp) / f"{attention}.json"
                 cmd = [sys.executable, __file__, "--out", a.out, "--seq", str(a.seq)]
                 cmd += ["--micro-batches", str(a.micro_batches), "--one", model, attention, str(out)]
@@ -141,14 +148,15 @@ def main() -> None:
             row["packed_vs_alone_max_abs_logprob"] = json.loads(got.stdout.strip().splitlines()[-1])[
                 "max_abs_diff"
             ]
-            row["speedup"] = row["varlen"]["tokens_per_second"] / row["sdpa"]["tokens_per_second"]
+            first, last = a.attentions.split(",")[0], a.attentions.split(",")[-1]
+            row["speedup"] = row[last]["tokens_per_second"] / row[first]["tokens_per_second"]
             rows.append(row)
-            print(
-                f"{shape}: sdpa {row['sdpa']['tokens_per_second']:,.0f} tok/s {100 * row['sdpa']['mfu']:.1f}% "
-                f"| varlen {row['varlen']['tokens_per_second']:,.0f} tok/s {100 * row['varlen']['mfu']:.1f}% "
-                f"| {row['speedup']:.2f}x | packed vs alone {row['packed_vs_alone_max_abs_logprob']:.3g}",
-                flush=True,
+            said = " | ".join(
+                f"{att} {row[att]['tokens_per_second']:,.0f} tok/s {100 * row[att]['mfu']:.1f}%"
+                for att in a.attentions.split(",")
             )
+            print(f"{shape}: {said} | {last}/{first} {row['speedup']:.2f}x | packed vs alone "
+                  f"{row['packed_vs_alone_max_abs_logprob']:.3g}", flush=True)  # fmt: skip
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"rows": rows}, indent=2))
     return None

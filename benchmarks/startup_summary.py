@@ -53,6 +53,8 @@ def bars() -> list[Bar]:
         ("TRL cold (11-28)", "learning_vs_trl_h200x2_s11", "trl/sync"),
         ("rlfleet cold (11-28)", "learning_vs_trl_h200x2_s11", "rlfleet/k1"),
         ("rlfleet, warm fleet (11-28)", "learning_vs_trl_h200x2_s11_fleet2", "rlfleet/k2_fleet"),
+        ("TRL cold (11-28, 2nd host)", "learning_vs_trl_h200x2_s12_fleet_wc", "trl/sync"),
+        ("rlfleet, warm controller", "learning_vs_trl_h200x2_s12_fleet_wc", "rlfleet/k2_fleet"),
     ):
         out.append(
             {

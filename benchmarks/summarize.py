@@ -113,6 +113,10 @@ LEARNING = {  # results directory -> what its job is
         "one-digit addition, 32-token answers, two runs on a warm fleet",
         "",
     ),
+    "learning_vs_trl_h200x2_s12_fleet_wc": (
+        "one-digit addition, 32-token answers, two runs on a warm fleet through its warm controller",
+        "",
+    ),
 }
 
 
@@ -232,6 +236,22 @@ def trainer_packed() -> list[Row]:
                 "python benchmarks/packed_attention.py --shapes 0.5b,1.5b --out ...; "
                 "rlfleet trainer --bench --model.path DIR --bench.output-json ...",
                 "benchmarks/trainer.md#packed-rows-through-varlen-attention-2026-11-27",
+            )
+        )
+    kernels = load("attention_kernels_fa4_h200.json")
+    for shape in ("0.5b", "1.5b"):
+        by = {r["kernel"]: r for r in kernels["rows"] if r["shape"] == shape}
+        rows.append(
+            Row(
+                f"Varlen attention on a packed row ({shape[:-1]}B shape's heads, 16,384 tokens), "
+                "causal forward + backward TFLOP/s",
+                f"FlashAttention-4: {by['fa4']['tflops']:.0f}",
+                f"torch's FlashAttention-2: {by['flash']['tflops']:.0f}",
+                ratio(by["fa4"]["tflops"] / by["flash"]["tflops"]),
+                kernels["date"],
+                "1x " + kernels["device"].removeprefix("NVIDIA "),
+                "python benchmarks/attention_kernels.py --shapes 0.5b,1.5b --kernels flash,fa4 --out ...",
+                "benchmarks/trainer.md#flashattention-4-for-packed-rows-2026-11-28",
             )
         )
     loop = load("trainer_in_loop_h100_05b.json")

@@ -73,3 +73,32 @@ def test_work_counts_real_tokens_and_each_real_samples_square():
     assert model_flops(config, 9, 29) == 6 * matmul_params(config) * 9 + 6 * 3 * 2 * 4 * 29
     metrics = work.metrics(1.0, config, torch.device("cpu"), world=1)
     assert metrics == {"train_tokens_per_s": 9.0, "padding_frac": 0.25}  # no GPU peak: no mfu
+
+
+def test_flash_attention_4_is_chosen_only_where_it_runs():
+    """Off a Hopper / Blackwell GPU with the pinned flash-attn-4 (this CPU box), packed rows keep
+    torch's kernels, and the log says why."""
+    from rlfleet.trainer import attention
+
+    assert attention.choose_kernel(torch.device("cpu")).startswith("sdpa once per sample")
+    said = attention.choose_kernel(torch.device("cuda"))
+    assert not attention.FA4 and said.startswith("torch's FlashAttention-2: ") and len(said) > 30
+
+
+@pytest.mark.parametrize("window", [None, 4096])
+def test_flash_attention_4_traces_whole_and_gives_each_input_its_gradient(window):
+    """The FA4 op's shapes (its fake) and autograd formula, under torch.compile with no graph break,
+    on meta tensors: its kernels need a Hopper GPU (benchmarks/attention_kernels.py checks the
+    numbers there against float32 sdpa)."""
+    from rlfleet.trainer.attention import _fa4
+
+    compiled = torch.compile(_fa4, backend="aot_eager", fullgraph=True, dynamic=True)
+    for total in (100, 257):  # a new length: the same graph
+        q = torch.empty(total, 14, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (
+            torch.empty(total, 2, 64, device="meta", dtype=torch.bfloat16, requires_grad=True) for _ in "kv"
+        )
+        out = compiled(q, k, v, torch.empty(4, device="meta", dtype=torch.int32), total // 2, None, window)
+        assert out.shape == q.shape and out.dtype == torch.bfloat16
+        out.sum().backward()
+        assert [x.grad.shape for x in (q, k, v)] == [q.shape, k.shape, v.shape]

@@ -5,7 +5,9 @@ block-diagonal mask, and with a mask sdpa has no flash kernel: on packed rows of
 ran 1.86x slower than on unpacked ones (docs/benchmarks/trainer.md). `VARLEN` is an attention
 implementation registered with transformers that takes the samples' cumulative lengths
 (`Packing`, computed once a micro-batch on the host, so no layer waits on the GPU) and runs:
-- on a GPU in bf16/fp16: torch's own FlashAttention-2 varlen kernel (`aten._flash_attention_forward`
+- on a Hopper or Blackwell GPU with the `gpu` extra, in bf16/fp16: FlashAttention-4 (fa4.py), ~1.9x
+  torch's own kernel's forward + backward on an H200;
+- on other GPUs in bf16/fp16: torch's own FlashAttention-2 varlen kernel (`aten._flash_attention_forward`
   and its backward; grouped KV heads without repeating them), as AReaL's Archon engine does;
 - elsewhere (a CPU, float32): sdpa once per sample, causal, no mask.
 Unpacked rows (no position ids) run transformers' sdpa, causal, as before, except under a sliding
@@ -23,7 +25,10 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from rlfleet.trainer import fa4
+
 VARLEN = "rlfleet_varlen"
+FA4 = False  # set once the trainer's device is known (`choose_kernel`); read at each layer's call
 
 
 class Packing(NamedTuple):
@@ -50,6 +55,21 @@ def flash_varlen_runs(query: torch.Tensor) -> bool:
     multiple of 8 up to 256 (FlashAttention-2's limits)."""
     d = query.shape[-1]
     return query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and d % 8 == 0 and d <= 256
+
+
+def choose_kernel(device: torch.device) -> str:
+    """Which kernel packed rows run on `device` (FA4 where it runs, else torch's FA2), for the log."""
+    global FA4
+    if device.type != "cuda":
+        FA4 = False
+        return "sdpa once per sample (no flash kernel off a GPU)"
+    why = fa4.available()
+    FA4 = why is None
+    return f"FlashAttention-4 (flash-attn-4 {fa4.PINNED})" if FA4 else f"torch's FlashAttention-2: {why}"
+
+
+def _fa4(q, k, v, cu: torch.Tensor, longest: int, scale: float | None, window: int | None) -> torch.Tensor:
+    return fa4.fa4_varlen(q, k, v, cu, longest, scale, None if not window else window - 1)[0]
 
 
 def _flash(q, k, v, cu: torch.Tensor, longest: int, scale: float | None, window: int | None) -> torch.Tensor:
@@ -126,7 +146,7 @@ def varlen_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (query, key, value))
-    run = _flash if flash_varlen_runs(q) else _per_sample
+    run = (_fa4 if FA4 else _flash) if flash_varlen_runs(q) else _per_sample
     out = run(q, k, v, rlfleet_cu_seqlens, rlfleet_max_seqlen, scaling, sliding_window)
     return out.view(b, t, h, d), None
 

@@ -27,6 +27,7 @@ from rlfleet.config.models import TrainerJobConfig
 from rlfleet.errors import is_transient
 from rlfleet.store import RunDir, RunStore, layout, local_dir, run_store
 from rlfleet.store.records import write_metrics
+from rlfleet.trainer.attention import choose_kernel
 from rlfleet.trainer.budget import TokenBudget
 from rlfleet.trainer.checkpoint import CheckpointManager
 from rlfleet.trainer.files import checkpoint_model_path, latest_checkpoint, read_trainer_error
@@ -176,6 +177,8 @@ def build(
 
         lm = wrap(lm, tc.lora)
     policy = Policy(lm)
+    if policy.varlen:
+        log.info("packed rows: varlen attention, %s", choose_kernel(par.device))
     policy.lm_head_chunk = (
         tc.lm_head_chunk if tc.lm_head_chunk is not None else LM_HEAD_CHUNK[par.device.type]
     )

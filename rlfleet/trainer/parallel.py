@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from rlfleet.config.models import TrainerConfig
+from rlfleet.trainer import fa4
 
 
 @dataclass
@@ -131,6 +132,7 @@ def _save_matmuls_policy():
         torch.ops.aten._scaled_dot_product_efficient_attention.default,
         torch.ops.aten._scaled_dot_product_cudnn_attention.default,
         torch.ops.aten._flash_attention_forward.default,  # varlen attention (trainer/attention.py)
+        fa4.FORWARD,  # the same on Hopper / Blackwell with flash-attn-4
     }
 
     def policy(ctx, op, *args, **kwargs):
