@@ -300,3 +300,35 @@ def test_weight_transports_change_served_logprobs(tiny_model, tmp_path):
     assert sum(
         abs(lp - by[0][i]) < 1e-3 for i, lp in enumerate(spanning.logprobs)
     ) >= spanning.versions.count(0)
+
+
+def test_a_wait_for_edge_names_only_its_own_task_run(prefect_api):
+    """Prefect links objects met in `wait_for` to the task that returned an object of that id (a
+    str or datetime by id alone, so a freed result's address reused by a state's message drew an
+    edge from an unrelated task; `test_rl_run_trains_broadcasts_and_resumes` met one). The edge the
+    flow waits on carries only its task run's id and type."""
+    from prefect import flow, task
+    from prefect.utilities.engine import collect_task_run_inputs_sync
+
+    from rlfleet.flows.rl import edge
+
+    @task
+    def words() -> str:
+        return "".join(["an object ", "of its own"])
+
+    @task
+    def step() -> int:
+        return 7
+
+    @flow
+    def two():
+        said = words()
+        done = step(return_state=True)
+        stale = done.model_copy(update={"message": said})  # the same object another task returned
+        linked = {r.id for r in collect_task_run_inputs_sync(stale)}
+        kept = {r.id for r in collect_task_run_inputs_sync(edge(stale))}
+        return linked, kept, done.state_details.task_run_id, edge(stale).is_completed()
+
+    linked, kept, own, completed = two()
+    assert own in linked and len(linked) == 2, "the setup must reproduce Prefect's link"
+    assert kept == {own} and completed

@@ -17,10 +17,13 @@ newest weights only.
 from __future__ import annotations
 
 import time
+from datetime import UTC
+from datetime import datetime as DateTime
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_client, get_run_logger
+from prefect.client.schemas.objects import StateDetails
 from prefect.futures import PrefectFuture, wait
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_UI_URL
@@ -335,11 +338,23 @@ def restore_step_records(store: RunStore, start: int) -> list[int]:
     return restored
 
 
+_NO_TIME = DateTime(2000, 1, 1, tzinfo=UTC)  # one object for every edge: never a task's
+
+
 def edge(dep: State | PrefectFuture) -> State | PrefectFuture:
-    """A finished task's state as a `wait_for` item, its result replaced by True: Prefect walks a
-    state's result too and links every object in it (interned dict keys such as "step" included)
-    to whichever task returned that object last, drawing edges the step does not have."""
-    return dep.model_copy(update={"data": True}) if isinstance(dep, State) else dep
+    """A finished task's state as a `wait_for` item that says only which task run it is.
+
+    Prefect walks every field of a state in `wait_for` and links each object it meets to whichever
+    task returned an object with that `id()` (for str, dict, datetime: by `id()` alone, so a freed
+    result's address reused by this state's timestamp, message or cache key drew an edge from an
+    unrelated task, about one run in several hundred). So the copy keeps the task run's id and state
+    type, and nothing freshly allocated: its result True, one shared timestamp, no message."""
+    if not isinstance(dep, State):
+        return dep
+    details = StateDetails(
+        flow_run_id=dep.state_details.flow_run_id, task_run_id=dep.state_details.task_run_id
+    )
+    return State(type=dep.type, name=dep.name, data=True, timestamp=_NO_TIME, state_details=details)
 
 
 def _lap(walls: dict[str, float], name: str, since: float) -> float:
