@@ -265,7 +265,7 @@ def _step(
         # the trainer takes batch N+1 as soon as it is done with N; a future runs in a worker
         # thread, where Prefect cannot enforce timeout_seconds (the stream's stall bound holds)
         later = dict(opts, refresh_cache=step + 1 > start, timeout_seconds=None)
-        ahead[step + 1] = rollout.with_options(**later).submit(c, step + 1, handles, wait_for=[rolled])
+        ahead[step + 1] = rollout.with_options(**later).submit(c, step + 1, handles, wait_for=[edge(rolled)])
     trained = train.with_options(**redo)(c, step, handles, wait_for=[edge(rolled)], return_state=True)
     metrics: TrainerMetrics = trained.result()
     t = _lap(walls, "train", t)
