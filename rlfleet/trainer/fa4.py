@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import logging
 
 import torch
 
 PINNED = "4.0.0b36"
-log = logging.getLogger("rlfleet.trainer")
 
 
 @functools.cache
