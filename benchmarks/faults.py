@@ -12,6 +12,8 @@ GPUs with its own ports and Prefect home, side by side while GPUs are free.
   starts; the API server its child; the engine core the server's child).
 - `trainer`: the trainer process (the guard's child), mid-step: once the next step's batches are
   published and before its metrics (between steps a trainer's own watch relaunches it).
+- `trainer_rank`: the last rank of a trainer on several GPUs (torchrun's last worker), mid-step as
+  `trainer`: torchrun tears the group down and the trainer is relaunched from its checkpoint.
 - `controller`: `rlfleet rl` itself, then the same command again (a rerun resumes).
 
 seen: kill -> the controller's log line naming it (the pool's "is dead", the train task's
@@ -57,8 +59,11 @@ from rlfleet.orchestrator.rollout import read_rollout
 from rlfleet.procs import pid_alive
 from rlfleet.store import RunStore, layout
 
-FAULTS = ("api_server", "engine_core", "guard", "trainer", "controller")
-SEEN = {"api_server": "is dead", "engine_core": "is dead", "guard": "is dead", "trainer": "trainer exited"}
+FAULTS = ("api_server", "engine_core", "guard", "trainer", "trainer_rank", "controller")
+SEEN = {"api_server": "is dead", "engine_core": "is dead", "guard": "is dead"} | dict.fromkeys(
+    ("trainer", "trainer_rank"), "trainer exited"
+)
+MID_STEP = ("trainer", "trainer_rank")  # killed while a step trains, not between steps
 # what every run of a fault needs beyond its job: a checkpoint each step (a relaunched trainer
 # resumes from the last), retries for the tasks a kill fails
 FAULT_ARGS = ["--trainer.checkpoint-interval", "1", "--tasks.retries", "2"]
@@ -117,9 +122,17 @@ def victim(out: Path, fault: str) -> psutil.Process:
         return psutil.Process(pid)
 
     try:
-        if fault in ("trainer", "trainer_guard"):
+        if fault in ("trainer", "trainer_guard", "trainer_rank"):
             guard = leader("trainer.pid")
-            return guard if fault == "trainer_guard" else only(guard.children(), "trainer")
+            if fault == "trainer_guard":
+                return guard
+            trainer = only(guard.children(), "trainer")
+            if fault == "trainer_rank":  # torchrun's workers, started in rank order
+                ranks = sorted(trainer.children(), key=lambda p: (p.create_time(), p.pid))
+                if len(ranks) < 2:
+                    raise LookupError(f"trainer_rank: {len(ranks)} rank(s) under the trainer")
+                return ranks[-1]
+            return trainer
         guard = leader("inference_0.pid")
         if fault == "guard":
             return guard
@@ -210,7 +223,7 @@ def one(
         proc = start()
         for i, fault in enumerate(faults):
             wait(lambda step=1 + 2 * i: streaming_after(step, store, out), proc)
-            if fault == "trainer":
+            if fault in MID_STEP:
                 wait(lambda step=2 + 2 * i: training(step, store, out), proc)
             part = proc if fault == "controller" else victim(out, fault)
             logged = log_path.stat().st_size  # this kill's mark is looked for after here
@@ -297,7 +310,9 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--gpus-per-run", type=int, default=1, help="GPUs each run gets (--device cuda)")
     ap.add_argument(
-        "--faults", default=",".join(FAULTS), help='one run each; "a+b+c": one run killed by each in turn'
+        "--faults",
+        default=",".join(f for f in FAULTS if f != "trainer_rank"),
+        help='one run each; "a+b+c": one run killed by each in turn',
     )
     ap.add_argument("--keep", help="copy every run's log into this directory")
     ap.add_argument("--out", required=True)

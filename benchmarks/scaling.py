@@ -11,6 +11,10 @@ which needs k = 0 and gets its own k = 0 baseline.
     python benchmarks/scaling.py --out benchmarks/results/scaling_h200x4_05b.json --steps 10
     python benchmarks/scaling.py --out /tmp/s.json --only colocated-4 --dry-run   # the commands only
     python benchmarks/scaling.py --plot benchmarks/results/scaling_h200x4_05b.json  # the PNG beside it
+    python benchmarks/scaling.py --merge benchmarks/results/scaling_h200x4_05b.json /tmp/lane*.json
+
+`--merge` joins the JSONs of lanes run side by side on disjoint GPUs of one host (e.g. the 1-GPU
+baselines on GPU 0 and 1 while a 2-GPU layout runs on 2 and 3) into one table.
 
 A layout that needs more GPUs than are visible is skipped; one that config/placement.py refuses
 (e.g. TP that does not split the shape's heads) is recorded with the refusal, not run.
@@ -79,8 +83,9 @@ LAYOUTS: dict[str, Layout] = {
         4, f"{COLOCATED} --inference.num-replicas 4 --inference.sleep true {K0}", "shared-1-k0"
     ),
 }
-# job (a) as docs/benchmarks/long-generations.md runs it: EOS tuned to 1/500, lr 1e-7 (a speed run)
-JOB = ["--eos-rate", "0.002", "--trainer.lr", "1e-7"]
+# job (a) as docs/benchmarks/long-generations.md runs it: EOS tuned to 1/500, lr 1e-7 (a speed run),
+# 8 packed rows per micro-batch (the in-loop trainer's measured best at both shapes)
+JOB = ["--eos-rate", "0.002", "--trainer.lr", "1e-7", "--orchestrator.micro-batch-size", "8"]
 
 
 def command(name: str, a: argparse.Namespace, out: Path) -> list[str]:
@@ -88,6 +93,7 @@ def command(name: str, a: argparse.Namespace, out: Path) -> list[str]:
         sys.executable, str(Path(__file__).parent / "long_tail.py"),
         "--device", "cuda", "--shape", a.shape, "--only", "rlfleet", "--steps", str(a.steps), *JOB,
         *(["--no-peak"] if a.no_peak else []),
+        *(["--logs", str(Path(a.logs) / name)] if a.logs else []),
         "--variants", f"{name}={LAYOUTS[name].overrides}", "--out", str(out),
     ]  # fmt: skip
 
@@ -121,6 +127,22 @@ def with_efficiency(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
     return rows
 
 
+def merge(out: Path, parts: list[Path]) -> Path:
+    """One table from lanes' JSONs: their layouts and rows, efficiency recomputed across them."""
+    doc: dict[str, Any] = {"layouts": {}, "rows": {}, "lanes": []}
+    for part in parts:
+        lane = json.loads(part.read_text())
+        for key in ("shape", "steps", "device"):
+            if lane.get(key) is not None:
+                doc.setdefault(key, lane[key])
+        doc["lanes"].append({"file": part.name, "visible_gpus": lane["visible_gpus"]})
+        doc["layouts"] |= {n: e for n, e in lane["layouts"].items() if "skipped" not in e}
+        doc["rows"] |= lane["rows"]
+    with_efficiency(doc["rows"])
+    out.write_text(json.dumps(doc, indent=2))
+    return plot(out)
+
+
 def plot(path: Path) -> Path:
     """Bars of trained tokens/s per layout, efficiency written on each; the PNG beside the JSON."""
     import matplotlib
@@ -138,8 +160,12 @@ def plot(path: Path) -> Path:
             i, r["tokens_per_s"] / 1e3, "" if eff is None else f"{100 * eff:.0f}%", ha="center", va="bottom"
         )
     ax.set_xticks(range(len(rows)), list(rows), rotation=30, ha="right")
-    ax.set_ylabel("trained tokens/s (k); efficiency vs 1 GPU on the bar")
-    ax.set_title(f"job (a), {doc['shape']} shape, {doc.get('device', '')}")
+    ax.set_ylabel("trained tokens/s (thousands)")
+    ax.set_title(
+        f"job (a), {doc['shape']} shape, {doc.get('steps', '?')} steps, {doc.get('device', '')}"
+        "; on each bar: efficiency against 1 GPU",
+        fontsize=10,
+    )
     fig.tight_layout()
     png = path.with_suffix(".png")
     fig.savefig(png, dpi=110)
@@ -153,11 +179,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--only", default="", help="comma-separated layout names (default: all that fit)")
     ap.add_argument("--no-peak", action="store_true", help="skip the engine's peak (no busy column)")
+    ap.add_argument("--logs", help="keep each layout's logs in this directory, a folder per layout")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--plot", metavar="JSON", help="draw JSON's rows into a PNG beside it, run nothing")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="join these lanes' JSONs into --out")
     a = ap.parse_args()
     if a.plot:
         print(plot(Path(a.plot)))
+        return
+    if a.merge:
+        if not a.out:
+            ap.error("--merge needs --out")
+        print(merge(Path(a.out), [Path(p) for p in a.merge]))
         return
     if not a.out:
         ap.error("--out is required")

@@ -276,6 +276,41 @@ def trainer_packed() -> list[Row]:
     return rows
 
 
+def scaling() -> list[Row]:
+    """The 4-GPU table (benchmarks/scaling.py): the trainer's in-loop MFU on its own GPU and on a
+    shared one, and the best 4-GPU layout against one GPU."""
+    doc = load("scaling_h200x4_05b_4steps.json")
+    rows, env = doc["rows"], doc["layouts"]["shared-1"]["result"]["env"]
+    host = f"4x {doc['device'].removeprefix('NVIDIA ')}"
+    cmd = "python benchmarks/scaling.py --shape 05b --steps 4 --no-peak --out ..."
+    page = "benchmarks/scaling.md"
+    own, shared = rows["split-2-nccl"], rows["shared-1"]
+    best = max((n for n in rows if doc["layouts"][n]["gpus"] == 4), key=lambda n: rows[n]["tokens_per_s"])
+    return [
+        Row(
+            "Trainer inside the long-tail loop (0.5B shape, k = 1, FlashAttention-4, 8 rows a micro-batch), "
+            "median MFU of steps 1-3",
+            f"own GPU: {own['trainer_mfu']:.1%}; GPU shared with vLLM: {shared['trainer_mfu']:.1%}",
+            "published in-loop: prime-rl 11-27%, TRL AsyncGRPO ~9%",
+            "-",
+            date(env),
+            host,
+            cmd,
+            page,
+        ),
+        Row(
+            f"Long-tail job (0.5B shape, 4 steps), trained tokens/s: best 4-GPU layout ({best}) against 1 GPU",
+            f"{rows[best]['tokens_per_s']:,.0f}",
+            f"1 GPU: {shared['tokens_per_s']:,.0f}",
+            ratio(rows[best]["tokens_per_s"] / shared["tokens_per_s"]),
+            date(env),
+            host,
+            cmd,
+            page,
+        ),
+    ]
+
+
 def cpu_tiny_vs_trl() -> list[Row]:
     """The tiny CPU job (make run's) against TRL GRPOTrainer (HF generate), both in one run of the
     script: the newest `vs_trl_cpu_2core*.json`."""
@@ -303,6 +338,7 @@ HEADLINES: list[Callable[[], list[Row]]] = [
     distill_cpu,
     trainer_mfu,
     trainer_packed,
+    scaling,
     cpu_tiny_vs_trl,
 ]
 

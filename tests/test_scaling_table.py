@@ -59,3 +59,32 @@ def test_rows_give_efficiency_against_the_baseline_and_skip_the_compiling_step(s
     doc.write_text(json.dumps({"shape": "05b", "device": "test", "rows": rows}))
     png = scaling.plot(doc)
     assert png == tmp_path / "scaling.png" and png.stat().st_size > 0
+
+
+def test_merge_joins_lanes_and_computes_efficiency_across_them(scaling, tmp_path):
+    """Lanes run side by side on disjoint GPUs: the 4-GPU layout's efficiency is against the
+    baseline that ran in another lane, and a lane's skipped layouts do not enter the table."""
+    one = {"visible_gpus": 1, "shape": "05b", "steps": 4, "device": "H200", "rows": {}, "layouts": {}}
+    one["layouts"]["shared-1"] = {"gpus": 1}
+    one["layouts"]["colocated-4"] = {"gpus": 4, "skipped": "needs 4 GPUs, 1 visible"}
+    one["rows"]["shared-1"] = scaling.row("shared-1", {"shared-1": _result(10_000, [0.0, 0.4])})
+    four = {
+        "visible_gpus": 4,
+        "shape": "05b",
+        "steps": 4,
+        "rows": {},
+        "layouts": {"colocated-4": {"gpus": 4}},
+    }
+    four["rows"]["colocated-4"] = scaling.row("colocated-4", {"colocated-4": _result(20_000, [0.0, 0.3])})
+    four["rows"]["colocated-4"]["efficiency"] = None  # as its lane wrote it: no baseline there
+    parts = []
+    for name, lane in (("a.json", four), ("b.json", one)):  # the skip comes after the run
+        parts.append(tmp_path / name)
+        parts[-1].write_text(json.dumps(lane))
+
+    png = scaling.merge(tmp_path / "table.json", parts)
+    doc = json.loads((tmp_path / "table.json").read_text())
+    assert doc["rows"]["colocated-4"]["efficiency"] == pytest.approx(0.5)
+    assert doc["layouts"]["colocated-4"] == {"gpus": 4}  # the lane that ran it, not the one that skipped it
+    assert doc["device"] == "H200" and [lane["file"] for lane in doc["lanes"]] == ["a.json", "b.json"]
+    assert png.stat().st_size > 0
