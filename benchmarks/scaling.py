@@ -13,6 +13,8 @@ which needs k = 0 and gets its own k = 0 baseline.
     python benchmarks/scaling.py --plot benchmarks/results/scaling_h200x4_05b.json  # the PNG beside it
     python benchmarks/scaling.py --merge benchmarks/results/scaling_h200x4_05b.json /tmp/lane*.json
 
+`--batch-per-gpu 32` scales the step's prompts with the layout's GPUs (weak scaling, as a user
+grows the batch with the GPUs); without it every layout samples the same 32 prompts a step.
 `--merge` joins the JSONs of lanes run side by side on disjoint GPUs of one host (e.g. the 1-GPU
 baselines on GPU 0 and 1 while a 2-GPU layout runs on 2 and 3) into one table.
 
@@ -94,6 +96,7 @@ def command(name: str, a: argparse.Namespace, out: Path) -> list[str]:
         "--device", "cuda", "--shape", a.shape, "--only", "rlfleet", "--steps", str(a.steps), *JOB,
         *(["--no-peak"] if a.no_peak else []),
         *(["--logs", str(Path(a.logs) / name)] if a.logs else []),
+        *(["--orchestrator.batch-size", str(a.batch_per_gpu * LAYOUTS[name].gpus)] if a.batch_per_gpu else []),
         "--variants", f"{name}={LAYOUTS[name].overrides}", "--out", str(out),
     ]  # fmt: skip
 
@@ -128,13 +131,16 @@ def with_efficiency(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
 
 
 def merge(out: Path, parts: list[Path]) -> Path:
-    """One table from lanes' JSONs: their layouts and rows, efficiency recomputed across them."""
+    """One table from lanes' JSONs: their layouts and rows, efficiency recomputed across them.
+    Lanes of different jobs (shape, steps, batch) are refused: their rows do not compare."""
     doc: dict[str, Any] = {"layouts": {}, "rows": {}, "lanes": []}
     for part in parts:
         lane = json.loads(part.read_text())
-        for key in ("shape", "steps", "device"):
-            if lane.get(key) is not None:
-                doc.setdefault(key, lane[key])
+        for key in ("shape", "steps", "batch_per_gpu"):
+            if (seen := doc.setdefault(key, lane.get(key))) != lane.get(key):
+                raise SystemExit(f"--merge: {part} ran {key} {lane.get(key)}, the lanes before it {seen}")
+        if lane.get("device"):
+            doc.setdefault("device", lane["device"])
         doc["lanes"].append({"file": part.name, "visible_gpus": lane["visible_gpus"]})
         doc["layouts"] |= {n: e for n, e in lane["layouts"].items() if "skipped" not in e}
         doc["rows"] |= lane["rows"]
@@ -179,6 +185,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--only", default="", help="comma-separated layout names (default: all that fit)")
     ap.add_argument("--no-peak", action="store_true", help="skip the engine's peak (no busy column)")
+    ap.add_argument(
+        "--batch-per-gpu",
+        type=int,
+        help="prompts a step per GPU of the layout (weak scaling; default: the job's 32 at every size)",
+    )
     ap.add_argument("--logs", help="keep each layout's logs in this directory, a folder per layout")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--plot", metavar="JSON", help="draw JSON's rows into a PNG beside it, run nothing")
@@ -204,6 +215,7 @@ def main() -> None:
         "visible_gpus": have,
         "shape": a.shape,
         "steps": a.steps,
+        "batch_per_gpu": a.batch_per_gpu,
         "layouts": {},
         "rows": {},
     }

@@ -88,3 +88,7 @@ def test_merge_joins_lanes_and_computes_efficiency_across_them(scaling, tmp_path
     assert doc["layouts"]["colocated-4"] == {"gpus": 4}  # the lane that ran it, not the one that skipped it
     assert doc["device"] == "H200" and [lane["file"] for lane in doc["lanes"]] == ["a.json", "b.json"]
     assert png.stat().st_size > 0
+
+    parts[0].write_text(json.dumps(four | {"steps": 10}))  # a lane of another job
+    with pytest.raises(SystemExit, match="ran steps 10, the lanes before it 4"):
+        scaling.merge(tmp_path / "other.json", parts[::-1])
