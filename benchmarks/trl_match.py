@@ -7,18 +7,36 @@ from pathlib import Path
 from typing import Any
 
 
+def trl_batch(seqs: int, micro: int, processes: int = 1) -> dict[str, int]:
+    """One generation of `seqs` sequences = one optimizer step on `processes` ranks (data parallel):
+    each rank trains its share in micro-batches of `micro` sequences (at most the share), accumulated
+    over the rest. TRL 1.16 derives generation_batch_size = micro x processes x gradient_accumulation_steps
+    (its steps_per_generation default), so that product must be `seqs`, the same batch on any number
+    of ranks; it also needs whole groups in it, which batch x group always is."""
+    share, rest = divmod(seqs, processes)
+    per_device = min(micro, share)
+    if rest or per_device < 1 or share % per_device:
+        raise SystemExit(
+            f"TRL: {seqs} sequences a step (batch x group) do not split into {processes} processes x "
+            f"micro-batches of {micro} sequences x gradient accumulation steps ({seqs / processes:g} a process)"
+        )
+    return {"per_device_train_batch_size": per_device, "gradient_accumulation_steps": share // per_device}
+
+
 def grpo_kwargs(
-    cfg: Any, output_dir: Path, micro: int, cuda: bool, vllm_share: float | None
+    cfg: Any, output_dir: Path, micro: int, cuda: bool, vllm_share: float | None, processes: int = 1
 ) -> dict[str, Any]:
     """One generation of batch x group prompts = one optimizer step, in micro-batches of `micro`
-    sequences; rlfleet's prompt order, lr, AdamW, clipping; no KL and no reference model; DAPO's token
-    sum over the step's loss tokens (rlfleet's grpo token_mean). `vllm_share`: the colocated vLLM's share
-    of the GPU, its importance-sampling correction in the role of rlfleet's ratio mask (the same bounds);
-    None: HF generate. Checkpoints: model + optimizer every trainer.checkpoint_interval steps."""
+    sequences on each of `processes` ranks (`trl_batch`); rlfleet's prompt order, lr, AdamW, clipping;
+    no KL and no reference model; DAPO's token sum over the step's loss tokens (rlfleet's grpo
+    token_mean). `vllm_share`: the colocated vLLM's share of each rank's GPU (one vLLM per rank, no
+    tensor parallelism), its importance-sampling correction in the role of rlfleet's ratio mask (the
+    same bounds); None: HF generate. Checkpoints: model + optimizer every trainer.checkpoint_interval steps."""
     o, t, loss = cfg.orchestrator, cfg.trainer, cfg.loss
     seqs = o.batch_size * o.group_size
     vllm = {
         "vllm_mode": "colocate",
+        "vllm_tensor_parallel_size": 1,
         "vllm_gpu_memory_utilization": vllm_share,
         "vllm_max_model_length": cfg.inference.max_model_len,
         "vllm_importance_sampling_mode": "token_mask",
@@ -28,8 +46,7 @@ def grpo_kwargs(
     # fmt: off
     return {
         "output_dir": str(output_dir), "max_steps": cfg.max_steps, "seed": cfg.seed,
-        "num_generations": o.group_size, "per_device_train_batch_size": micro,
-        "gradient_accumulation_steps": seqs // micro, "shuffle_dataset": False,
+        "num_generations": o.group_size, **trl_batch(seqs, micro, processes), "shuffle_dataset": False,
         "max_completion_length": o.max_tokens, "temperature": o.temperature, "mask_truncated_completions": False,
         "learning_rate": t.lr, "lr_scheduler_type": "constant", "warmup_steps": 0, "weight_decay": t.weight_decay,
         "adam_beta1": t.betas[0], "adam_beta2": t.betas[1], "adam_epsilon": 1e-8, "max_grad_norm": t.max_grad_norm,
@@ -40,5 +57,7 @@ def grpo_kwargs(
         "bf16": cuda, "use_cpu": not cuda,
         "logging_steps": 1, "report_to": "none", "disable_tqdm": True,
         "save_strategy": "steps", "save_steps": t.checkpoint_interval, "save_only_model": False,
+        # DDP (processes > 1): every parameter gets a gradient; else Trainer has DDP walk the graph for unused ones
+        **({"ddp_find_unused_parameters": False} if processes > 1 else {}),
     }
     # fmt: on
