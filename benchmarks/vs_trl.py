@@ -14,6 +14,7 @@ cannot match rlfleet's are listed in the JSON's config.differs.
 
     python benchmarks/vs_trl.py --out benchmarks/results/vs_trl_cpu_2core.json
     python benchmarks/vs_trl.py --device cuda --shape 05b --trl-vllm --out benchmarks/results/vs_trl_h100_05b.json
+    python benchmarks/vs_trl.py --device cuda --shape 05b --only trl --trl-vllm --trl-processes 4 --out ...
 
 `--dry-run` builds the configs only (model config + tokenizer, rlfleet's config, TRL's GRPOConfig).
 """
@@ -33,6 +34,7 @@ from statistics import fmean, median
 from typing import Any
 
 from trl_match import grpo_kwargs
+from trl_worker import launcher, processes_argument, read_clock, trl_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "examples" / "tiny" / "rl.toml"
@@ -53,7 +55,8 @@ DIFFERS = [
     "micro-batches: rlfleet sorts a step's sequences by length, TRL shuffles them",
     "checkpoints: both save model + optimizer every trainer.checkpoint_interval steps and at the end (rlfleet: "
     "HF safetensors + DCP, checked by the flow's checkpoint task; TRL: save_steps, save_only_model=False)",
-    "processes: rlfleet = controller (Prefect flow) + vLLM server + trainer; TRL = one process",
+    "processes: rlfleet = controller (Prefect flow) + vLLM server + trainer; TRL = one process, or with "
+    "--trl-processes N one per GPU under torchrun (DDP; with --trl-vllm a colocated vLLM each), sharing the batch",
     "GPU: rlfleet trains through FSDP2 on one GPU (param_dtype bf16), TRL a plain module with bf16=True; both "
     "hold bf16 weights and step AdamW on them",
 ]
@@ -120,11 +123,12 @@ def run_rlfleet(
 
 
 def run_trl(spec: dict[str, Any], tmp: Path, log: Path) -> dict[str, Any]:
+    """TRL's worker on the spec's number of processes (trl_worker.py), its ranks' clocks read back as one."""
     (tmp / "trl_spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_OFFLINE="1")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_trl-worker", str(tmp / "trl_spec.json")]
-    t0, wall = timed_command(cmd, log, env)
-    clock = json.loads(Path(spec["result"]).read_text())
+    worker = [str(Path(__file__).resolve()), "--_trl-worker", str(tmp / "trl_spec.json")]
+    t0, wall = timed_command([*launcher(spec["processes"]), *worker], log, env)
+    clock = read_clock(spec["result"], spec["processes"])
     begins, gens = clock["begins"], clock["gens"]
     steps = [b - a for a, b in zip(begins, [*begins[1:], clock["end"]], strict=True)]
     tokens, rewards = [g["tokens"] for g in gens], [x["reward"] for x in clock["logs"] if "reward" in x]
@@ -145,67 +149,6 @@ def run_trl(spec: dict[str, Any], tmp: Path, log: Path) -> dict[str, Any]:
     return res | {"split_median_s": split, "per_step": per_step}
 
 
-def trl_worker(spec_path: str) -> None:
-    """One TRL GRPO run as the spec says; writes step-begin times, TRL's logs and generation timers."""
-    spec = json.loads(Path(spec_path).read_text())
-    sys.path.insert(0, str(ROOT))  # rlfleet from this checkout when it is not installed
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from rlfleet.orchestrator.envs.repeat import reward
-
-    def repeat_reward(completions: list[str], letter: list[str], **_: Any) -> list[float]:
-        per = spec.get("per", "max_tokens")
-        return [reward(a, c, spec["max_tokens"], per=per) for a, c in zip(letter, completions, strict=True)]
-
-    clock: dict[str, Any] = {"begins": [], "logs": [], "gens": []}
-
-    class Clock(TrainerCallback):  # on_step_begin comes before the step's generation
-        def on_step_begin(self, *args: Any, **kw: Any) -> None:
-            clock["begins"].append(time.time())
-
-        def on_log(self, *args: Any, logs: Any = None, **kw: Any) -> None:
-            clock["logs"].append(dict(logs or {}))
-
-        def on_train_end(self, *args: Any, **kw: Any) -> None:
-            clock["end"] = time.time()
-
-    class Timed(GRPOTrainer):
-        def _generate(self, prompts: list) -> Any:
-            t = time.perf_counter()
-            out = super()._generate(prompts)
-            clock["gens"][-1]["generate_s"] = time.perf_counter() - t  # a vLLM weight sync included
-            return out
-
-        def _generate_and_score_completions(self, inputs: Any) -> Any:
-            clock["gens"].append(g := {"sync_s": 0.0})
-            t = time.perf_counter()
-            out = super()._generate_and_score_completions(inputs)
-            g["total_s"], g["tokens"] = time.perf_counter() - t, int(out["completion_mask"].sum().item())
-            g["lengths"] = out["completion_mask"].sum(1).tolist()
-            return out
-
-    rows, args = spec["rows"], GRPOConfig(**spec["grpo"])
-    trainer = Timed(
-        model=spec["model"], reward_funcs=repeat_reward, args=args, train_dataset=Dataset.from_list(rows)
-    )
-    trainer.add_callback(Clock())
-    if [list(x) for x in trainer._tokenize_prompts([r["prompt"] for r in rows])[0]] != spec["prompt_ids"]:
-        raise SystemExit("TRL tokenizes the prompts differently from rlfleet")
-    if trainer.use_vllm:
-        sync = trainer.vllm_generation.sync_weights
-
-        def timed_sync() -> None:
-            t = time.perf_counter()
-            sync()
-            clock["gens"][-1]["sync_s"] += time.perf_counter() - t
-
-        trainer.vllm_generation.sync_weights = timed_sync
-    trainer.train()
-    Path(spec["result"]).write_text(json.dumps(clock))
-
-
 def positions_for(model: Path, max_model_len: int) -> None:
     """RoPE positions for max_model_len in the model's config: vLLM refuses a longer max_model_len
     than max_position_embeddings (the tiny config's 1024), and past it its rotary cache is indexed
@@ -216,8 +159,11 @@ def positions_for(model: Path, max_model_len: int) -> None:
     path.write_text(json.dumps(cfg, indent=2))
 
 
-def trl_spec(cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool) -> dict[str, Any]:
-    """rlfleet's prompts (text and token ids) and the GRPOConfig kwargs that mirror its config."""
+def trl_spec(
+    cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool, processes: int = 1
+) -> dict[str, Any]:
+    """rlfleet's prompts (text and token ids) and the GRPOConfig kwargs that mirror its config, for
+    TRL data parallel on `processes` ranks (one per GPU) that share each step's batch."""
     from transformers import AutoTokenizer
 
     from rlfleet.chat import prompt_ids
@@ -236,9 +182,10 @@ def trl_spec(cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool) -> d
         raise SystemExit("prompt token ids differ between rlfleet and TRL's input text")
     seqs = o.batch_size * o.group_size
     mbs = o.micro_batch_size or 32  # TRL's micro-batches count sequences, as rlfleet's unpacked ones
-    micro = mbs if seqs % mbs == 0 else seqs
+    per_rank = seqs // processes  # trl_batch refuses a batch that does not split
+    micro = mbs if per_rank % mbs == 0 else per_rank
     share = (cfg.inference.gpu_memory_utilization or 0.45) if trl_vllm else None  # rlfleet's (placement.py)
-    grpo = grpo_kwargs(cfg, tmp / "trl", micro, cuda, share)
+    grpo = grpo_kwargs(cfg, tmp / "trl", micro, cuda, share, processes)
     grpo["model_init_kwargs"] = {"dtype": "bfloat16" if cuda else "float32"}
     out = {
         "model": str(model),
@@ -246,6 +193,7 @@ def trl_spec(cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool) -> d
         "prompt_ids": ids,
         "max_tokens": o.max_tokens,
         "per": envs[0].args.per,
+        "processes": processes,
     }
     return out | {"grpo": grpo, "result": str(tmp / "trl_clock.json")}
 
@@ -269,6 +217,7 @@ def describe(
         "device": a.device,
         "shape": a.shape,
         "trl_vllm": a.trl_vllm,
+        "trl_processes": a.trl_processes,
         "model": tiny_config(**shape).to_dict(),
         "job": str(JOB.relative_to(ROOT)),
         "rlfleet_args": argv[2:],
@@ -290,6 +239,7 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--steps", type=int, default=None, help="default: the job's max_steps")
     ap.add_argument("--trl-vllm", action="store_true", help="TRL samples with colocated vLLM (GPU only)")
+    processes_argument(ap)
     ap.add_argument("--only", choices=["both", "rlfleet", "trl"], default="both")
     ap.add_argument("--dry-run", action="store_true", help="build the configs (no weights), run nothing")
     ap.add_argument("--logs", help="keep both commands' output in this directory")
@@ -328,7 +278,7 @@ def main() -> None:
         cfg = load(RLConfig, argv)
         if not a.dry_run:
             positions_for(model, cfg.inference.max_model_len)
-        spec = trl_spec(cfg, model, tmp, a.device, a.trl_vllm)
+        spec = trl_spec(cfg, model, tmp, a.device, a.trl_vllm, a.trl_processes)
         if a.dry_run:
             from trl import GRPOConfig
 

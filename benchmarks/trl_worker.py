@@ -1,0 +1,137 @@
+"""TRL's side of vs_trl.py: the GRPOTrainer worker (`vs_trl.py --_trl-worker SPEC`), how it is
+launched (one process, or one per GPU under torchrun as a user launches TRL data parallel) and how
+its ranks' clocks become one.
+
+Each rank writes its own clock (`rank_result`); `read_clock` merges them: rank 0's step begins, end
+and logs (TRL gathers the metrics it logs over ranks), per generation the ranks' tokens summed and
+lengths joined, and the slowest rank's seconds (the step's collectives wait for it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SECONDS = ("generate_s", "sync_s", "total_s")
+
+
+def processes_argument(ap: argparse.ArgumentParser) -> None:
+    """`--trl-processes N`, for every script that runs TRL through vs_trl.run_trl."""
+
+    def count(text: str) -> int:
+        if (n := int(text)) < 1:
+            raise argparse.ArgumentTypeError(f"{n}: at least 1")
+        return n
+
+    ap.add_argument(
+        "--trl-processes",
+        type=count,
+        default=1,
+        help="TRL data parallel: N processes under torchrun, one per GPU (each with its own colocated "
+        "vLLM with --trl-vllm), sharing each step's batch x group sequences",
+    )
+
+
+def launcher(processes: int) -> list[str]:
+    """The interpreter (the same one: torchrun's module, not a `torchrun` on PATH) that starts the
+    worker script `processes` times on this host; transformers' Trainer reads the torch.distributed
+    env torchrun sets (nccl on GPUs, gloo on a CPU)."""
+    if processes == 1:
+        return [sys.executable]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+
+
+def rank_result(result: str, rank: int, processes: int) -> Path:
+    """Where rank `rank` writes its clock: the spec's `result` itself when it runs alone."""
+    path = Path(result)
+    return path if processes == 1 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def combine(clocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One clock from every rank's (rank 0's first; every rank generates once a step, so their
+    generations pair up); a single clock comes back as it was."""
+    gens = [
+        {"tokens": sum(g["tokens"] for g in per_rank), "lengths": [n for g in per_rank for n in g["lengths"]]}
+        | {k: max(g[k] for g in per_rank) for k in SECONDS}
+        for per_rank in zip(*(c["gens"] for c in clocks), strict=True)
+    ]
+    return clocks[0] | {"gens": gens}
+
+
+def read_clock(result: str, processes: int) -> dict[str, Any]:
+    """Every rank's clock, combined."""
+    paths = [rank_result(result, r, processes) for r in range(processes)]
+    if missing := [str(p) for p in paths if not p.exists()]:
+        raise RuntimeError(f"TRL's worker exited 0 without writing {missing}")
+    return combine([json.loads(p.read_text()) for p in paths])
+
+
+def trl_worker(spec_path: str) -> None:
+    """One TRL GRPO run (this rank's share of it) as the spec says; writes step-begin times, TRL's
+    logs and generation timers."""
+    spec = json.loads(Path(spec_path).read_text())
+    sys.path.insert(0, str(ROOT))  # rlfleet from this checkout when it is not installed
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlfleet.orchestrator.envs.repeat import reward
+
+    def repeat_reward(completions: list[str], letter: list[str], **_: Any) -> list[float]:
+        per = spec.get("per", "max_tokens")
+        return [reward(a, c, spec["max_tokens"], per=per) for a, c in zip(letter, completions, strict=True)]
+
+    clock: dict[str, Any] = {"begins": [], "logs": [], "gens": []}
+
+    class Clock(TrainerCallback):  # on_step_begin comes before the step's generation
+        def on_step_begin(self, *args: Any, **kw: Any) -> None:
+            clock["begins"].append(time.time())
+
+        def on_log(self, *args: Any, logs: Any = None, **kw: Any) -> None:
+            clock["logs"].append(dict(logs or {}))
+
+        def on_train_end(self, *args: Any, **kw: Any) -> None:
+            clock["end"] = time.time()
+
+    class Timed(GRPOTrainer):
+        def _generate(self, prompts: list) -> Any:
+            t = time.perf_counter()
+            out = super()._generate(prompts)
+            clock["gens"][-1]["generate_s"] = time.perf_counter() - t  # a vLLM weight sync included
+            return out
+
+        def _generate_and_score_completions(self, inputs: Any) -> Any:
+            clock["gens"].append(g := {"sync_s": 0.0})
+            t = time.perf_counter()
+            out = super()._generate_and_score_completions(inputs)
+            # this rank's completions (TRL slices the gathered batch back to each process)
+            g["total_s"], g["tokens"] = time.perf_counter() - t, int(out["completion_mask"].sum().item())
+            g["lengths"] = out["completion_mask"].sum(1).tolist()
+            return out
+
+    rows, args = spec["rows"], GRPOConfig(**spec["grpo"])
+    trainer = Timed(
+        model=spec["model"], reward_funcs=repeat_reward, args=args, train_dataset=Dataset.from_list(rows)
+    )
+    processes, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
+    if processes != spec["processes"]:
+        raise SystemExit(f"the spec is for {spec['processes']} TRL processes, this one is 1 of {processes}")
+    trainer.add_callback(Clock())
+    if [list(x) for x in trainer._tokenize_prompts([r["prompt"] for r in rows])[0]] != spec["prompt_ids"]:
+        raise SystemExit("TRL tokenizes the prompts differently from rlfleet")
+    if trainer.use_vllm:
+        sync = trainer.vllm_generation.sync_weights
+
+        def timed_sync() -> None:
+            t = time.perf_counter()
+            sync()
+            clock["gens"][-1]["sync_s"] += time.perf_counter() - t
+
+        trainer.vllm_generation.sync_weights = timed_sync
+    trainer.train()
+    rank_result(spec["result"], rank, processes).write_text(json.dumps(clock))
