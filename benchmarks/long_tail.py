@@ -17,6 +17,8 @@ completion masks).
     python benchmarks/long_tail.py --device cuda --shape 05b --trl-vllm --steps 10 --trl-steps 3 \
         --variants "k0=;k1=--orchestrator.max-async-level 1" --weights.transport cuda_ipc \
         --out benchmarks/results/long_tail_h100_05b.json
+    python benchmarks/long_tail.py --device cuda --shape 05b --only trl --trl-vllm --trl-processes 4 \
+        --steps 4 --out benchmarks/results/long_tail_h200x4_trl.json
 
 Any other `--section.key value` overrides the job for every rlfleet variant (and for TRL where
 vs_trl maps it); `--variants "NAME=ARGS;NAME=ARGS"` runs rlfleet once per entry with its own extra
@@ -43,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from trl_match import trl_batch
+from trl_worker import processes_argument
 from vs_trl import DIFFERS, ROOT, SHAPES, positions_for, run_rlfleet, run_trl, trl_spec, versions
 
 # per device: the job (micro = rlfleet's micro_batch_size: packed rows when seq_len > 0), TRL's steps and
@@ -416,8 +420,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="rlfleet's steps (default: 4 cpu, 10 cuda)")
     ap.add_argument("--trl-steps", type=int, default=None, help="TRL's steps (default: 2 cpu, 5 cuda)")
     ap.add_argument("--trl-vllm", action="store_true", help="TRL samples with colocated vLLM (GPU only)")
+    processes_argument(ap)
     ap.add_argument(
-        "--trl-micro", type=int, default=None, help="TRL's micro-batch in sequences (32 cpu, 8 cuda)"
+        "--trl-micro",
+        type=int,
+        default=None,
+        help="TRL's micro-batch per process, in sequences (32 cpu, 8 cuda)",
     )
     ap.add_argument(
         "--trl-checkpointing",
@@ -499,9 +507,8 @@ def main() -> None:
             print(name, {k: res.get(k) for k in COLS}, flush=True)
         env["loadavg_between"] = os.getloadavg()
         cfg_trl = load(RLConfig, argv(tmp / "trl_unused", trl_steps, []))
-        spec = trl_spec(cfg_trl, model, tmp, a.device, a.trl_vllm)
-        micro = min(a.trl_micro or TRL_MICRO[a.device], seqs)
-        spec["grpo"] |= {"per_device_train_batch_size": micro, "gradient_accumulation_steps": seqs // micro}
+        spec = trl_spec(cfg_trl, model, tmp, a.device, a.trl_vllm, a.trl_processes)
+        spec["grpo"] |= trl_batch(seqs, a.trl_micro or TRL_MICRO[a.device], a.trl_processes)
         spec["grpo"]["gradient_checkpointing"] = a.trl_checkpointing
         if a.only != "rlfleet":
             # TRL's worker re-enters this file: vs_trl.run_trl runs vs_trl.py itself with --_trl-worker
@@ -521,6 +528,7 @@ def main() -> None:
     config = run_config(a, shape, job_dict, overrides, d["steps"]) | {
         "trl_steps": trl_steps,
         "trl_vllm": a.trl_vllm,
+        "trl_processes": a.trl_processes,
         "trl_grpo_config": spec["grpo"],
         "repeat_per": a.repeat_per,
         "differs": DIFFERS,
