@@ -39,6 +39,8 @@ def run_trl(vs_trl, model: Path, tmp: Path, processes: int) -> tuple[dict, dict]
 
 
 def test_two_processes_share_the_step_batch_and_their_clocks_add_up(bench, tiny_model, tmp_path):
+    # benchmark tooling, not the product: TRL is the `bench` extra, which `make test` leaves out
+    pytest.importorskip("trl", reason="TRL is the bench extra: make bench-install")
     vs_trl, _ = bench
     with ThreadPoolExecutor(2) as pool:  # side by side: most of each run is importing TRL
         runs = [
