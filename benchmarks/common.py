@@ -1,13 +1,17 @@
 """Shared pieces of the loop-speed benchmarks: the tiny model, a vLLM pool, the RL config, the
-machine description, the JSON file and the one rich table each script prints."""
+machine description, the JSON file, the one rich table each script prints, and the runs a
+harness starts (stopped with it)."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,8 +24,42 @@ sys.path.insert(0, str(ROOT))  # for tests.helpers.free_port
 
 from rlfleet.config.loader import load  # noqa: E402
 from rlfleet.config.models import RLConfig  # noqa: E402
+from rlfleet.procs import kill_group  # noqa: E402
 from rlfleet.trainer.tiny import make_tiny_model  # noqa: E402
 from tests.helpers import free_port  # noqa: E402
+
+
+def exit_on_sigterm() -> None:
+    """`timeout` sends SIGTERM: unwind instead of dying, so finally blocks write what finished and
+    stop what still runs."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
+class Runs:
+    """The runs a harness starts, each in its own session: a fault's SIGKILL of a run never reaches
+    the harness, and `timeout`'s SIGTERM to the harness's group never reaches the runs. So the
+    harness must end them: `stop()` takes each down with its descendants (guards, vLLM, trainer,
+    Prefect's server), or a cut harness leaves a run holding its GPUs for the next one to trip on."""
+
+    def __init__(self) -> None:
+        self._live: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def start(self, cmd: list[str], **popen: Any) -> subprocess.Popen:
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("the harness is stopping: no new run")
+            proc = subprocess.Popen(cmd, start_new_session=True, **popen)
+            self._live.add(proc)
+            return proc
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped, live = True, self._live
+        for proc in live:
+            if proc.poll() is None:
+                kill_group(proc.pid)
 
 
 def tiny_model(tmp: Path, **shape: int) -> Path:

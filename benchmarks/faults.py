@@ -49,7 +49,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import psutil
-from common import ROOT, free_port, rl_config, table, tiny_model, write
+from common import ROOT, Runs, exit_on_sigterm, free_port, rl_config, table, tiny_model, write
 
 from rlfleet.config.loader import load, to_toml
 from rlfleet.config.models import RLConfig
@@ -60,6 +60,7 @@ from rlfleet.procs import pid_alive
 from rlfleet.store import RunStore, layout
 
 FAULTS = ("api_server", "engine_core", "guard", "trainer", "trainer_rank", "controller")
+RUNS = Runs()  # every run this harness started, ended with it
 SEEN = {"api_server": "is dead", "engine_core": "is dead", "guard": "is dead"} | dict.fromkeys(
     ("trainer", "trainer_rank"), "trainer exited"
 )
@@ -216,9 +217,7 @@ def one(
     with open(log_path, "w") as log:
 
         def start() -> subprocess.Popen:
-            return subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT, env=env
-            )
+            return RUNS.start(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
 
         proc = start()
         for i, fault in enumerate(faults):
@@ -317,6 +316,7 @@ def main() -> None:
     ap.add_argument("--keep", help="copy every run's log into this directory")
     ap.add_argument("--out", required=True)
     a, overrides = ap.parse_known_args()
+    exit_on_sigterm()
     specs = a.faults.split(",")
     if unknown := {f for spec in specs for f in spec.split("+")} - set(FAULTS):
         ap.error(f"--faults: unknown {sorted(unknown)}; known: {list(FAULTS)}")
@@ -343,8 +343,12 @@ def main() -> None:
                 Path(a.keep).mkdir(parents=True, exist_ok=True)
                 (Path(a.keep) / log.name).write_bytes(log.read_bytes())
 
-    with ThreadPoolExecutor(max_workers=free.qsize()) as pool:
+    pool = ThreadPoolExecutor(max_workers=free.qsize())
+    try:
         list(pool.map(run, specs))
+    finally:  # cut (SIGTERM, ^C): end the runs, then each worker writes its row and keeps its log
+        RUNS.stop()
+        pool.shutdown()
     cols = [
         "fault",
         "seen_after_s",

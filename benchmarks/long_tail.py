@@ -34,7 +34,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -444,8 +443,9 @@ def main() -> None:
         help=f"comma-separated, of {sorted(PEAK_VARIANTS)}: how the peak's requests are sent (as_sent: also at 2C)",
     )
     a, overrides = ap.parse_known_args()
-    # `timeout` sends SIGTERM: unwind, so a cut run's finished steps reach the .partial.json
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    from common import exit_on_sigterm, free_port, table
+
+    exit_on_sigterm()  # a cut run's finished steps reach the .partial.json
     if a.trl_vllm and a.device != "cuda":
         ap.error("--trl-vllm needs --device cuda")
     if unknown := set(a.peak_variants.split(",")) - PEAK_VARIANTS.keys():
@@ -453,9 +453,6 @@ def main() -> None:
     a.shape = a.shape or ("05b" if a.device == "cuda" else "tiny")
     d = DEFAULTS[a.device] | ({"steps": a.steps} if a.steps else {})
     trl_steps = a.trl_steps or min(TRL_STEPS[a.device], d["steps"])
-
-    from common import free_port, table
-
     from rlfleet.config.loader import load
     from rlfleet.config.models import RLConfig
     from rlfleet.store import layout

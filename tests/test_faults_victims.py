@@ -1,5 +1,6 @@
 """benchmarks/faults.py finds the process each fault kills in a run's real process tree: the
-trainer (the guard's child) or, on several GPUs, the trainer's last rank (torchrun's last worker)."""
+trainer (the guard's child) or, on several GPUs, the trainer's last rank (torchrun's last worker).
+A harness cut by `timeout` takes its runs (their own sessions) down with it."""
 
 from __future__ import annotations
 
@@ -63,3 +64,36 @@ def test_the_trainer_and_its_last_rank_are_found_in_the_tree(faults, tmp_path, r
     finally:
         os.killpg(guard.pid, signal.SIGKILL)
         guard.wait()
+
+
+# a harness as faults.py is one: its run in its own session, blocked on it until SIGTERM
+HARNESS = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from common import Runs, exit_on_sigterm
+exit_on_sigterm()
+runs = Runs()
+try:
+    run = runs.start([sys.executable, "-c", sys.argv[2], "2", "2", sys.argv[2]])
+    print(run.pid, flush=True)
+    run.wait()
+finally:
+    runs.stop()
+"""
+
+
+def test_a_harness_cut_by_sigterm_ends_its_runs_and_their_descendants():
+    harness = subprocess.Popen(
+        [sys.executable, "-c", HARNESS, str(ROOT / "benchmarks"), TREE], stdout=subprocess.PIPE, text=True
+    )
+    run = psutil.Process(int(harness.stdout.readline()))
+    deadline = time.monotonic() + 60
+    while len(run.children(recursive=True)) < 3:  # the run's trainer and its 2 ranks
+        assert time.monotonic() < deadline, "the process tree did not come up"
+        time.sleep(0.05)
+    tree = [run, *run.children(recursive=True)]
+    assert os.getpgid(run.pid) != os.getpgid(harness.pid)  # out of reach of a signal to the group
+    harness.send_signal(signal.SIGTERM)
+    assert harness.wait(timeout=60) == 128 + signal.SIGTERM
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, f"left running: {[p.pid for p in alive]}"
