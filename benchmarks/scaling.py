@@ -167,9 +167,11 @@ def plot(path: Path) -> Path:
         )
     ax.set_xticks(range(len(rows)), list(rows), rotation=30, ha="right")
     ax.set_ylabel("trained tokens/s (thousands)")
+    bpg = doc.get("batch_per_gpu")
+    batch = f"{bpg} prompts x GPUs (weak scaling)" if bpg else "32 prompts at any GPU count"
     ax.set_title(
-        f"job (a), {doc['shape']} shape, {doc.get('steps', '?')} steps, {doc.get('device', '')}"
-        "; on each bar: efficiency against 1 GPU",
+        f"job (a), {doc['shape']} shape, {doc.get('steps', '?')} steps, batch {batch}, {doc.get('device', '')}"
+        "\non each bar: efficiency against 1 GPU",
         fontsize=10,
     )
     fig.tight_layout()

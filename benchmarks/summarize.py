@@ -308,6 +308,42 @@ def scaling() -> list[Row]:
             cmd,
             page,
         ),
+        *weak_scaling(),
+    ]
+
+
+def weak_scaling() -> list[Row]:
+    """The same job with 32 prompts per GPU (`--batch-per-gpu 32`): the best 4-GPU layout's
+    efficiency; and the 1.5B shape's in-loop MFU on one shared GPU, run beside those lanes."""
+    doc, big = load("scaling_h200x4_05b_4steps_bpg32.json"), load("scaling_h200x4_15b_3steps.json")
+    rows, env = doc["rows"], doc["layouts"]["shared-1"]["result"]["env"]
+    host = f"4x {doc['device'].removeprefix('NVIDIA ')}"
+    one = rows["shared-1"]
+    best = max((n for n in rows if doc["layouts"][n]["gpus"] == 4), key=lambda n: rows[n]["tokens_per_s"])
+    b = big["rows"]["shared-1"]
+    return [
+        Row(
+            f"Long-tail job (0.5B shape, 4 steps), 32 prompts per GPU: best 4-GPU layout ({best}), "
+            "trained tokens/s against 1 GPU x 4",
+            f"{rows[best]['tokens_per_s']:,.0f} ({rows[best]['efficiency']:.0%} of linear)",
+            f"1 GPU: {one['tokens_per_s']:,.0f}",
+            ratio(rows[best]["tokens_per_s"] / one["tokens_per_s"]),
+            date(env),
+            host,
+            "python benchmarks/scaling.py --shape 05b --steps 4 --no-peak --batch-per-gpu 32 --out ...",
+            "benchmarks/scaling.md#weak-scaling-32-prompts-a-step-per-gpu-2026-11-28-later",
+        ),
+        Row(
+            "Trainer inside the long-tail loop at the 1.5B shape (one GPU shared with vLLM, k = 1, "
+            "FlashAttention-4), median MFU of steps 1-2",
+            f"{b['trainer_mfu']:.1%}",
+            "published in-loop: prime-rl 11-27%, TRL AsyncGRPO ~9%",
+            "-",
+            date(big["layouts"]["shared-1"]["result"]["env"]),
+            host,
+            "python benchmarks/scaling.py --shape 15b --steps 3 --no-peak --only shared-1 --out ...",
+            "benchmarks/trainer.md#in-the-loop-on-a-4x-h200-host-2026-11-28-later",
+        ),
     ]
 
 
