@@ -15,6 +15,7 @@ which needs k = 0 and gets its own k = 0 baseline.
 
 `--batch-per-gpu 32` scales the step's prompts with the layout's GPUs (weak scaling, as a user
 grows the batch with the GPUs); without it every layout samples the same 32 prompts a step.
+`--max-async-level K` runs the k = 1 layouts at k = K (more steps in flight hide a step's tail).
 `--merge` joins the JSONs of lanes run side by side on disjoint GPUs of one host (e.g. the 1-GPU
 baselines on GPU 0 and 1 while a 2-GPU layout runs on 2 and 3) into one table.
 
@@ -90,6 +91,15 @@ LAYOUTS: dict[str, Layout] = {
 JOB = ["--eos-rate", "0.002", "--trainer.lr", "1e-7", "--orchestrator.micro-batch-size", "8"]
 
 
+def overrides(name: str, k: int | None) -> str:
+    """The layout's overrides, at async level k where it runs k = 1 (an asleep layout stays at 0)."""
+    return (
+        LAYOUTS[name].overrides.replace(K1, f"--orchestrator.max-async-level {k}")
+        if k
+        else LAYOUTS[name].overrides
+    )
+
+
 def command(name: str, a: argparse.Namespace, out: Path) -> list[str]:
     return [
         sys.executable, str(Path(__file__).parent / "long_tail.py"),
@@ -97,7 +107,7 @@ def command(name: str, a: argparse.Namespace, out: Path) -> list[str]:
         *(["--no-peak"] if a.no_peak else []),
         *(["--logs", str(Path(a.logs) / name)] if a.logs else []),
         *(["--orchestrator.batch-size", str(a.batch_per_gpu * LAYOUTS[name].gpus)] if a.batch_per_gpu else []),
-        "--variants", f"{name}={LAYOUTS[name].overrides}", "--out", str(out),
+        "--variants", f"{name}={overrides(name, a.max_async_level)}", "--out", str(out),
     ]  # fmt: skip
 
 
@@ -132,11 +142,11 @@ def with_efficiency(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
 
 def merge(out: Path, parts: list[Path]) -> Path:
     """One table from lanes' JSONs: their layouts and rows, efficiency recomputed across them.
-    Lanes of different jobs (shape, steps, batch) are refused: their rows do not compare."""
+    Lanes of different jobs (shape, steps, batch, async level) are refused: their rows do not compare."""
     doc: dict[str, Any] = {"layouts": {}, "rows": {}, "lanes": []}
     for part in parts:
         lane = json.loads(part.read_text())
-        for key in ("shape", "steps", "batch_per_gpu"):
+        for key in ("shape", "steps", "batch_per_gpu", "max_async_level"):
             if (seen := doc.setdefault(key, lane.get(key))) != lane.get(key):
                 raise SystemExit(f"--merge: {part} ran {key} {lane.get(key)}, the lanes before it {seen}")
         if lane.get("device"):
@@ -169,8 +179,9 @@ def plot(path: Path) -> Path:
     ax.set_ylabel("trained tokens/s (thousands)")
     bpg = doc.get("batch_per_gpu")
     batch = f"{bpg} prompts x GPUs (weak scaling)" if bpg else "32 prompts at any GPU count"
+    k = f", k = {doc['max_async_level']}" if doc.get("max_async_level") else ""
     ax.set_title(
-        f"job (a), {doc['shape']} shape, {doc.get('steps', '?')} steps, batch {batch}, {doc.get('device', '')}"
+        f"job (a), {doc['shape']} shape, {doc.get('steps', '?')} steps, batch {batch}{k}, {doc.get('device', '')}"
         "\non each bar: efficiency against 1 GPU",
         fontsize=10,
     )
@@ -191,6 +202,11 @@ def main() -> None:
         "--batch-per-gpu",
         type=int,
         help="prompts a step per GPU of the layout (weak scaling; default: the job's 32 at every size)",
+    )
+    ap.add_argument(
+        "--max-async-level",
+        type=int,
+        help="k for every layout that runs k = 1 (steps in flight beside the trainer; asleep stays at 0)",
     )
     ap.add_argument("--logs", help="keep each layout's logs in this directory, a folder per layout")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -218,12 +234,16 @@ def main() -> None:
         "shape": a.shape,
         "steps": a.steps,
         "batch_per_gpu": a.batch_per_gpu,
+        "max_async_level": a.max_async_level,
         "layouts": {},
         "rows": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
         for name in wanted:
-            entry: dict[str, Any] = {"gpus": LAYOUTS[name].gpus, "overrides": LAYOUTS[name].overrides}
+            entry: dict[str, Any] = {
+                "gpus": LAYOUTS[name].gpus,
+                "overrides": overrides(name, a.max_async_level),
+            }
             doc["layouts"][name] = entry
             if LAYOUTS[name].gpus > have and not a.dry_run:
                 entry["skipped"] = f"needs {LAYOUTS[name].gpus} GPUs, {have} visible"

@@ -36,6 +36,19 @@ def test_every_layout_loads_and_names_a_one_gpu_baseline_of_its_own_async_level(
     assert scaling.LAYOUTS["colocated-sleep-4"].baseline == "shared-1-k0"  # sleep needs k = 0
 
 
+def test_an_async_level_applies_to_the_k1_layouts_and_leaves_the_asleep_one_at_0(
+    scaling, tmp_path, capsys, monkeypatch
+):
+    argv = ["--only", "shared-1,colocated-sleep-4", "--max-async-level", "2", "--dry-run"]
+    monkeypatch.setattr(sys, "argv", ["scaling.py", *argv, "--out", str(tmp_path / "k2.json")])
+    scaling.main()
+    shared, asleep = capsys.readouterr().out.strip().splitlines()
+    for line, k in ((shared, 2), (asleep, 0)):
+        variant = shlex.split(line)[shlex.split(line).index("--variants") + 1].split("=", 1)[1]
+        cfg = load(RLConfig, ["--model.path", "m", *shlex.split(variant)])
+        assert cfg.orchestrator.max_async_level == k, line
+
+
 def _result(tokens_per_s: float, mfu: list[float | None]) -> dict:
     n = len(mfu)
     per_step = {"step": [10.0] * n, "mfu": mfu, "train_tokens_per_s": [1e5] * n, "broadcast": [0.5] * n}
@@ -91,4 +104,7 @@ def test_merge_joins_lanes_and_computes_efficiency_across_them(scaling, tmp_path
 
     parts[0].write_text(json.dumps(four | {"steps": 10}))  # a lane of another job
     with pytest.raises(SystemExit, match="ran steps 10, the lanes before it 4"):
+        scaling.merge(tmp_path / "other.json", parts[::-1])
+    parts[0].write_text(json.dumps(four | {"max_async_level": 2}))  # more steps in flight
+    with pytest.raises(SystemExit, match="ran max_async_level 2, the lanes before it None"):
         scaling.merge(tmp_path / "other.json", parts[::-1])
