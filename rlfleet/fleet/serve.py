@@ -20,6 +20,7 @@ from rlfleet.config.placement import visible_gpus
 from rlfleet.fleet.api import FleetApi, check_api_port
 from rlfleet.fleet.attach import mark_started
 from rlfleet.fleet.keeper import WarmKeeper
+from rlfleet.fleet.rest import rest_idle
 from rlfleet.fleet.state import FleetState, fleet_dir, read_state, remove_state, write_state
 from rlfleet.inference.pool import InferencePool
 from rlfleet.procs import running, wait_until
@@ -101,6 +102,8 @@ def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None
             api.keep()
             for w in warm:
                 w.keep()
+            if job.inference.sleep:  # a GPU fleet: its idle replicas rest asleep (fleet/rest.py)
+                rest_idle(cfg.name, state["urls"])
         return state
     finally:
         remove_state(cfg.name)

@@ -17,8 +17,9 @@ from rlfleet.config.models import InferenceJobConfig
 from rlfleet.inference.server import server_args
 from rlfleet.procs import running, this_process
 
-# per run or per process, not the server's shape: a run's own seed does not reseed the fleet
-NOT_SHAPE = {"--host", "--port", "--seed", "--served-model-name"}
+# per run or per process, not the server's shape: a run's own seed does not reseed the fleet; a GPU
+# fleet's replicas have sleep mode whatever a run's `inference.sleep` says (they rest between runs)
+NOT_SHAPE = {"--host", "--port", "--seed", "--served-model-name", "--enable-sleep-mode"}
 
 
 class FleetState(TypedDict):

@@ -8,6 +8,7 @@ from prefect import task
 
 from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig
 from rlfleet.fleet.attach import fleet_hold, fleet_urls, model_ticket
+from rlfleet.fleet.rest import wake
 from rlfleet.inference.pool import InferencePool
 from rlfleet.inference.server import launch_replicas, stop_replicas
 from rlfleet.orchestrator.evaluate import evaluate
@@ -78,6 +79,7 @@ def _on_fleet(
     with fleet_hold(cfg.fleet, f"eval of {cfg.output_dir}") as slot:
         assert slot is not None
         urls = fleet_urls(cfg.fleet, cfg.model, cfg.inference, cfg.seed)[slot : slot + 1]
+        wake(urls)  # it rested asleep while no run held it
         job = serve.model_copy(
             update={"inference": cfg.inference.model_copy(update={"urls": urls, "num_replicas": len(urls)})}
         )

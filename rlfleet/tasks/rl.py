@@ -26,6 +26,7 @@ from prefect.utilities.hashing import hash_objects
 from rlfleet.config.models import RLConfig
 from rlfleet.errors import is_transient
 from rlfleet.fleet.attach import base_ticket, serves_base
+from rlfleet.fleet.rest import wake
 from rlfleet.inference.pool import InferencePool
 from rlfleet.orchestrator.step_batches import BatchSpec, step_batches
 from rlfleet.runs.handles import RunHandles
@@ -93,6 +94,8 @@ def launch_inference_pool(cfg: RLConfig, resume_from: int, run: RunHandles) -> d
     pool = run.pool
     for p in run.served_pools.values():  # [[served]] start beside the policy's replicas
         p.start()
+    if cfg.fleet is not None and (woke := wake(pool.urls)) > 0.5:  # it rested asleep between runs
+        get_run_logger().info("fleet %s: woke its replica in %.1f s", cfg.fleet, woke)
     if resume_from >= 0 and pool.policy_step != resume_from:
         out = pool.broadcast(files_ticket(_store(cfg), resume_from))
     elif cfg.fleet is not None:  # a fleet's replica holds what its last holder left: the run's own first
