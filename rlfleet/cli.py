@@ -240,10 +240,15 @@ def _fleet(argv: Sequence[str]) -> int:
     if action == "status" and not rest:
         from rlfleet.fleet.attach import held_by
         from rlfleet.fleet.keeper import warm
+        from rlfleet.fleet.rest import asleep
         from rlfleet.fleet.state import live_fleets
 
-        # per replica: the run that holds it, or idle (null); and which warm processes wait beside it
-        fleets = [s | {"held_by": held_by(s), "warm": warm(s["name"], len(s["urls"]))} for s in live_fleets()]
+        # per replica: the run that holds it, or idle (null); whether it sleeps (null: no answer);
+        # and which warm processes wait beside it
+        fleets = [
+            s | {"held_by": held_by(s), "asleep": asleep(s["urls"]), "warm": warm(s["name"], len(s["urls"]))}
+            for s in live_fleets()
+        ]
         print(json.dumps(fleets, indent=2))
         return 0
     print("usage: rlfleet fleet up @ fleet.toml | fleet down NAME | fleet status", file=sys.stderr)

@@ -302,6 +302,14 @@ def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefe
         clean = model_fingerprint(str(tiny_model))
         assert _lock("t")["serves"] == clean  # started from the base model
         assert not sleeping(url) and wake([url]) < 5  # a CPU fleet stays awake: nothing to wake
+        out = subprocess.run(
+            [sys.executable, "-m", "rlfleet.cli", "fleet", "status"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout  # its own stdout: the fleet's threads here log too
+        (status,) = json.loads(out)
+        assert status["name"] == "t" and status["held_by"] == [None] and status["asleep"] == [False]
 
         warm_a = _warm_pid()
         a = rl(config=rl_config(tiny_model, tmp_path / "a", max_steps=2, fleet="t"), return_state=True)

@@ -28,6 +28,17 @@ def sleeping(url: str) -> bool:
     return bool(resp.json().get("is_sleeping"))
 
 
+def asleep(urls: list[str]) -> list[bool | None]:
+    """Per replica: asleep or awake, None where it does not answer (`rlfleet fleet status`)."""
+    out: list[bool | None] = []
+    for url in urls:
+        try:
+            out.append(sleeping(url))
+        except httpx.HTTPError:
+            out.append(None)
+    return out
+
+
 def _post(url: str, path: str, **params: str) -> None:
     resp = httpx.post(f"{url}/{path}", params=params, timeout=TIMEOUT_S, verify=tls())
     if resp.status_code != 200:
