@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 from trl_match import trl_batch
+from trl_servers import placement, sampler, sampler_arguments, visible_gpus
 from trl_worker import processes_argument
 from vs_trl import DIFFERS, ROOT, SHAPES, positions_for, run_rlfleet, run_trl, trl_spec, versions
 
@@ -418,7 +419,7 @@ def main() -> None:
     ap = job_arguments(argparse.ArgumentParser())
     ap.add_argument("--steps", type=int, default=None, help="rlfleet's steps (default: 4 cpu, 10 cuda)")
     ap.add_argument("--trl-steps", type=int, default=None, help="TRL's steps (default: 2 cpu, 5 cuda)")
-    ap.add_argument("--trl-vllm", action="store_true", help="TRL samples with colocated vLLM (GPU only)")
+    sampler_arguments(ap)
     processes_argument(ap)
     ap.add_argument(
         "--trl-micro",
@@ -443,11 +444,12 @@ def main() -> None:
         help=f"comma-separated, of {sorted(PEAK_VARIANTS)}: how the peak's requests are sent (as_sent: also at 2C)",
     )
     a, overrides = ap.parse_known_args()
+    trl_sampler = sampler(ap, a)
     from common import exit_on_sigterm, free_port, table
 
-    exit_on_sigterm()  # a cut run's finished steps reach the .partial.json
-    if a.trl_vllm and a.device != "cuda":
-        ap.error("--trl-vllm needs --device cuda")
+    exit_on_sigterm()  # a cut run's finished steps reach the .partial.json (and TRL's vLLM server stops)
+    if trl_sampler in ("server", "async") and a.only != "rlfleet":
+        placement(visible_gpus(), a.trl_processes)  # before rlfleet's runs, not after them
     if unknown := set(a.peak_variants.split(",")) - PEAK_VARIANTS.keys():
         ap.error(f"--peak-variants: unknown {sorted(unknown)}; known: {sorted(PEAK_VARIANTS)}")
     a.shape = a.shape or ("05b" if a.device == "cuda" else "tiny")
@@ -504,7 +506,7 @@ def main() -> None:
             print(name, {k: res.get(k) for k in COLS}, flush=True)
         env["loadavg_between"] = os.getloadavg()
         cfg_trl = load(RLConfig, argv(tmp / "trl_unused", trl_steps, []))
-        spec = trl_spec(cfg_trl, model, tmp, a.device, a.trl_vllm, a.trl_processes)
+        spec = trl_spec(cfg_trl, model, tmp, a.device, trl_sampler, a.trl_processes)
         spec["grpo"] |= trl_batch(seqs, a.trl_micro or TRL_MICRO[a.device], a.trl_processes)
         spec["grpo"]["gradient_checkpointing"] = a.trl_checkpointing
         if a.only != "rlfleet":
@@ -525,6 +527,7 @@ def main() -> None:
     config = run_config(a, shape, job_dict, overrides, d["steps"]) | {
         "trl_steps": trl_steps,
         "trl_vllm": a.trl_vllm,
+        "trl_sampler": trl_sampler,
         "trl_processes": a.trl_processes,
         "trl_grpo_config": spec["grpo"],
         "repeat_per": a.repeat_per,

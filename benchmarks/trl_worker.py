@@ -4,12 +4,14 @@ its ranks' clocks become one.
 
 Each rank writes its own clock (`rank_result`); `read_clock` merges them: rank 0's step begins, end
 and logs (TRL gathers the metrics it logs over ranks), per generation the ranks' tokens summed and
-lengths joined, and the slowest rank's seconds (the step's collectives wait for it).
+lengths joined, and the slowest rank's seconds (the step's collectives wait for it). AsyncGRPO
+(`--trl-async`, `async_worker`) writes one clock, rank 0's, without generation timers.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -71,20 +73,42 @@ def read_clock(result: str, processes: int) -> dict[str, Any]:
     return combine([json.loads(p.read_text()) for p in paths])
 
 
+@functools.cache
+def _tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+def repeat_reward(
+    completion_ids: list[list[int]], letter: list[str], *, model: str, max_tokens: int, per: str, **_: Any
+) -> list[float]:
+    """rlfleet's repeat reward as TRL's reward function, over the completion's tokens decoded as
+    GRPOTrainer decodes its `completions` (special tokens skipped): AsyncGRPO passes parsed chat
+    messages there instead, so both trainers score the same text this way."""
+    from rlfleet.orchestrator.envs.repeat import reward
+
+    texts = _tokenizer(model).batch_decode(completion_ids, skip_special_tokens=True)
+    return [reward(a, c, max_tokens, per=per) for a, c in zip(letter, texts, strict=True)]
+
+
+def reward_for(spec: dict[str, Any]) -> functools.partial:
+    """The spec's reward function: module-level and picklable, as AsyncGRPO's spawned rollout
+    process needs (its name, `repeat_reward`, is what TRL logs it under)."""
+    per = spec.get("per", "max_tokens")
+    return functools.partial(repeat_reward, model=spec["model"], max_tokens=spec["max_tokens"], per=per)
+
+
 def trl_worker(spec_path: str) -> None:
     """One TRL GRPO run (this rank's share of it) as the spec says; writes step-begin times, TRL's
     logs and generation timers."""
     spec = json.loads(Path(spec_path).read_text())
     sys.path.insert(0, str(ROOT))  # rlfleet from this checkout when it is not installed
+    if spec["sampler"] == "async":
+        return async_worker(spec)
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
-    from rlfleet.orchestrator.envs.repeat import reward
-
-    def repeat_reward(completions: list[str], letter: list[str], **_: Any) -> list[float]:
-        per = spec.get("per", "max_tokens")
-        return [reward(a, c, spec["max_tokens"], per=per) for a, c in zip(letter, completions, strict=True)]
 
     clock: dict[str, Any] = {"begins": [], "logs": [], "gens": []}
 
@@ -116,7 +140,7 @@ def trl_worker(spec_path: str) -> None:
 
     rows, args = spec["rows"], GRPOConfig(**spec["grpo"])
     trainer = Timed(
-        model=spec["model"], reward_funcs=repeat_reward, args=args, train_dataset=Dataset.from_list(rows)
+        model=spec["model"], reward_funcs=reward_for(spec), args=args, train_dataset=Dataset.from_list(rows)
     )
     processes, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
     if processes != spec["processes"]:
@@ -135,3 +159,83 @@ def trl_worker(spec_path: str) -> None:
         trainer.vllm_generation.sync_weights = timed_sync
     trainer.train()
     rank_result(spec["result"], rank, processes).write_text(json.dumps(clock))
+
+
+# AsyncGRPO renders every prompt through the chat template: this one leaves rlfleet's prompt text (BOS +
+# characters) as it is. Its rollout worker parses each completion with the tokenizer's response template
+# (only for the chat messages it logs: repeat_reward decodes the ids): the content, up to EOS.
+PLAIN_CHAT = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+PLAIN_RESPONSE = {
+    "defaults": {"role": "assistant"},
+    "fields": {"content": {"close_pattern": r"</s>\s*", "content": "text"}},
+}
+
+
+def plain_tokenizer(model: str) -> Any:
+    """The model's tokenizer for AsyncGRPO: PLAIN_CHAT and PLAIN_RESPONSE."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.chat_template, tok.response_template = PLAIN_CHAT, PLAIN_RESPONSE
+    return tok
+
+
+def async_worker(spec: dict[str, Any]) -> None:
+    """One AsyncGRPO run. Its generation runs in a spawned process against the vLLM server, so no
+    timer sees a step's generation: rank 0 (which pulls every rollout and hands each rank its rows)
+    writes the one clock, with step begins and end, TRL's logs, and per step the completion lengths
+    it trained (in the order its collator took them, batch x group a step), the seconds it waited on
+    the rollout queue and its weight sync to the server (its perf/ logs)."""
+    import trl.experimental.async_grpo.async_grpo_trainer as agt
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    clock: dict[str, Any] = {"begins": [], "logs": [], "gens": []}
+    lengths: list[int] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *args: Any, **kw: Any) -> None:
+            clock["begins"].append(time.time())
+
+        def on_log(self, *args: Any, logs: Any = None, **kw: Any) -> None:
+            clock["logs"].append(dict(logs or {}))
+
+        def on_train_end(self, *args: Any, **kw: Any) -> None:
+            clock["end"] = time.time()
+
+    log_metrics = agt.DataCollatorForRollout._log_metrics
+
+    def counted(self: Any, rows: Any, all_examples: list[dict[str, Any]], padded: Any) -> None:
+        lengths.extend(int(e["completion_mask"].sum()) for e in all_examples)
+        log_metrics(self, rows, all_examples, padded)
+
+    agt.DataCollatorForRollout._log_metrics = counted  # runs on rank 0 only (dispatch_batches)
+    tok = plain_tokenizer(spec["model"])
+    rows = [
+        {"prompt": [{"role": "user", "content": r["prompt"]}], "letter": r["letter"]} for r in spec["rows"]
+    ]
+    ids = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, return_dict=False) for r in rows]
+    if [list(x) for x in ids] != spec["prompt_ids"]:
+        raise SystemExit("AsyncGRPO renders the prompts differently from rlfleet's token ids")
+    trainer = agt.AsyncGRPOTrainer(
+        model=spec["model"],
+        reward_funcs=reward_for(spec),
+        args=agt.AsyncGRPOConfig(**spec["grpo"]),
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+    )
+    if (processes := trainer.accelerator.num_processes) != spec["processes"]:
+        raise SystemExit(f"the spec is for {spec['processes']} TRL processes, this one is 1 of {processes}")
+    trainer.add_callback(Clock())
+    trainer.train()
+    if not trainer.accelerator.is_main_process:
+        return
+    seqs = trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps * processes
+    step_logs = [x for x in clock["logs"] if "reward" in x]
+    chunks = [lengths[i * seqs : (i + 1) * seqs] for i in range(len(step_logs))]
+    clock["gens"] = [
+        {"tokens": sum(n), "lengths": n}
+        | {"sync_s": x.get("perf/weight_sync_s") or 0.0, "wait_s": x.get("perf/rollout_wait_s") or 0.0}
+        for n, x in zip(chunks, step_logs, strict=True)
+    ]
+    Path(spec["result"]).write_text(json.dumps(clock))

@@ -15,6 +15,9 @@ cannot match rlfleet's are listed in the JSON's config.differs.
     python benchmarks/vs_trl.py --out benchmarks/results/vs_trl_cpu_2core.json
     python benchmarks/vs_trl.py --device cuda --shape 05b --trl-vllm --out benchmarks/results/vs_trl_h100_05b.json
     python benchmarks/vs_trl.py --device cuda --shape 05b --only trl --trl-vllm --trl-processes 4 --out ...
+    python benchmarks/vs_trl.py --device cuda --shape 05b --only trl --trl-vllm --trl-vllm-mode server \
+        --trl-processes 2 --out ...   # TRL's vLLM server on the last visible GPU, trainers on the others
+    python benchmarks/vs_trl.py --device cuda --shape 05b --only trl --trl-async --trl-processes 2 --out ...
 
 `--dry-run` builds the configs only (model config + tokenizer, rlfleet's config, TRL's GRPOConfig).
 """
@@ -33,7 +36,8 @@ from pathlib import Path
 from statistics import fmean, median
 from typing import Any
 
-from trl_match import grpo_kwargs
+from trl_match import async_grpo_kwargs, grpo_kwargs
+from trl_servers import HOST, placement, sampler, sampler_arguments, serving, visible_gpus
 from trl_worker import launcher, processes_argument, read_clock, trl_worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +60,11 @@ DIFFERS = [
     "checkpoints: both save model + optimizer every trainer.checkpoint_interval steps and at the end (rlfleet: "
     "HF safetensors + DCP, checked by the flow's checkpoint task; TRL: save_steps, save_only_model=False)",
     "processes: rlfleet = controller (Prefect flow) + vLLM server + trainer; TRL = one process, or with "
-    "--trl-processes N one per GPU under torchrun (DDP; with --trl-vllm a colocated vLLM each), sharing the batch",
+    "--trl-processes N one per GPU under torchrun (DDP; with --trl-vllm a colocated vLLM each), sharing the batch; "
+    "with --trl-vllm-mode server or --trl-async, plus a vLLM server on a GPU of its own",
+    "--trl-async: TRL's experimental AsyncGRPOTrainer has its own loss and advantages (no loss_type, beta or "
+    "scale_rewards to set), drops rollouts more than orchestrator.max_async_level versions old, and packs a "
+    "step's rows into prefix trees (flash-attn 3 from the `kernels` package)",
     "GPU: rlfleet trains through FSDP2 on one GPU (param_dtype bf16), TRL a plain module with bf16=True; both "
     "hold bf16 weights and step AdamW on them",
 ]
@@ -123,24 +131,44 @@ def run_rlfleet(
 
 
 def run_trl(spec: dict[str, Any], tmp: Path, log: Path) -> dict[str, Any]:
-    """TRL's worker on the spec's number of processes (trl_worker.py), its ranks' clocks read back as one."""
+    """TRL's worker on the spec's number of processes (trl_worker.py), after its vLLM server where it
+    has one (trl_servers.py: wall and start-up then count the server's start), its ranks' clocks read
+    back as one. The time split: generate (weight sync excluded), weight_sync, score_and_prep, train;
+    AsyncGRPO's generation runs beside training, unseen by a timer, so its split is rollout_wait
+    (the trainer blocked on its rollout queue), weight_sync and train (the rest of the step), and its
+    per_step has rollout_wait in place of generate."""
     (tmp / "trl_spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_OFFLINE="1")
     worker = [str(Path(__file__).resolve()), "--_trl-worker", str(tmp / "trl_spec.json")]
-    t0, wall = timed_command([*launcher(spec["processes"]), *worker], log, env)
-    clock = read_clock(spec["result"], spec["processes"])
+    t0 = time.time()
+    with serving(spec, env, log.with_name(f"{log.stem}_server.log")) as worker_env:
+        timed_command([*launcher(spec["processes"]), *worker], log, worker_env)
+        wall = time.time() - t0
+    is_async = spec["sampler"] == "async"
+    return trl_result(read_clock(spec["result"], 1 if is_async else spec["processes"]), t0, wall, is_async)
+
+
+def trl_result(clock: dict[str, Any], t0: float, wall: float, is_async: bool) -> dict[str, Any]:
+    """run_trl's summary of a TRL clock (trl_worker.py) of a command that started at `t0`."""
     begins, gens = clock["begins"], clock["gens"]
     steps = [b - a for a, b in zip(begins, [*begins[1:], clock["end"]], strict=True)]
     tokens, rewards = [g["tokens"] for g in gens], [x["reward"] for x in clock["logs"] if "reward" in x]
-    split = {
-        "generate": median([g["generate_s"] - g["sync_s"] for g in gens]),
-        "weight_sync": median([g["sync_s"] for g in gens]),
-        "score_and_prep": median([g["total_s"] - g["generate_s"] for g in gens]),
-        "train": median([s - g["total_s"] for s, g in zip(steps, gens, strict=True)]),
-    }
-    per_step = {
-        "step": steps,
-        "generate": [g["generate_s"] for g in gens],
+    if is_async:
+        split = {
+            "rollout_wait": median([g["wait_s"] for g in gens]),
+            "weight_sync": median([g["sync_s"] for g in gens]),
+            "train": median([s - g["wait_s"] - g["sync_s"] for s, g in zip(steps, gens, strict=True)]),
+        }
+        per_step: dict[str, Any] = {"step": steps, "rollout_wait": [g["wait_s"] for g in gens]}
+    else:
+        split = {
+            "generate": median([g["generate_s"] - g["sync_s"] for g in gens]),
+            "weight_sync": median([g["sync_s"] for g in gens]),
+            "score_and_prep": median([g["total_s"] - g["generate_s"] for g in gens]),
+            "train": median([s - g["total_s"] for s, g in zip(steps, gens, strict=True)]),
+        }
+        per_step = {"step": steps, "generate": [g["generate_s"] for g in gens]}
+    per_step |= {
         "reward": rewards,
         "tokens": tokens,
         "lengths": [g["lengths"] for g in gens],  # completion tokens of each sample
@@ -160,10 +188,13 @@ def positions_for(model: Path, max_model_len: int) -> None:
 
 
 def trl_spec(
-    cfg: Any, model: Path, tmp: Path, device: str, trl_vllm: bool, processes: int = 1
+    cfg: Any, model: Path, tmp: Path, device: str, sampler: str, processes: int = 1
 ) -> dict[str, Any]:
-    """rlfleet's prompts (text and token ids) and the GRPOConfig kwargs that mirror its config, for
-    TRL data parallel on `processes` ranks (one per GPU) that share each step's batch."""
+    """rlfleet's prompts (text and token ids) and the GRPOConfig (AsyncGRPOConfig) kwargs that mirror
+    its config, for TRL data parallel on `processes` ranks (one per GPU) that share each step's batch;
+    `sampler` is trl_servers.SAMPLERS': "server" and "async" add their vLLM server's settings (its
+    own GPU: vLLM's default share unless inference.gpu_memory_utilization says)."""
+    from common import free_port
     from transformers import AutoTokenizer
 
     from rlfleet.chat import prompt_ids
@@ -184,9 +215,19 @@ def trl_spec(
     mbs = o.micro_batch_size or 32  # TRL's micro-batches count sequences, as rlfleet's unpacked ones
     per_rank = seqs // processes  # trl_batch refuses a batch that does not split
     micro = mbs if per_rank % mbs == 0 else per_rank
-    share = (cfg.inference.gpu_memory_utilization or 0.45) if trl_vllm else None  # rlfleet's (placement.py)
-    grpo = grpo_kwargs(cfg, tmp / "trl", micro, cuda, share, processes)
-    grpo["model_init_kwargs"] = {"dtype": "bfloat16" if cuda else "float32"}
+    dtype = "bfloat16" if cuda else "float32"
+    server = None
+    if sampler in ("server", "async"):
+        server = {"kind": sampler, "model": str(model), "port": free_port(), "dtype": dtype, "seed": cfg.seed}
+        server |= {"gpu_memory_utilization": cfg.inference.gpu_memory_utilization or 0.9}
+        server |= {"max_model_len": cfg.inference.max_model_len}
+    url = f"http://{HOST}:{server['port']}" if server else None
+    if sampler == "async":
+        grpo = async_grpo_kwargs(cfg, tmp / "trl", micro, cuda, url, processes)
+    else:
+        share = (cfg.inference.gpu_memory_utilization or 0.45) if sampler == "colocate" else None  # rlfleet's
+        grpo = grpo_kwargs(cfg, tmp / "trl", micro, cuda, share, processes, url)
+    grpo["model_init_kwargs"] = {"dtype": dtype}
     out = {
         "model": str(model),
         "rows": rows,
@@ -194,6 +235,8 @@ def trl_spec(
         "max_tokens": o.max_tokens,
         "per": envs[0].args.per,
         "processes": processes,
+        "sampler": sampler,
+        "server": server,
     }
     return out | {"grpo": grpo, "result": str(tmp / "trl_clock.json")}
 
@@ -217,6 +260,7 @@ def describe(
         "device": a.device,
         "shape": a.shape,
         "trl_vllm": a.trl_vllm,
+        "trl_sampler": spec["sampler"],
         "trl_processes": a.trl_processes,
         "model": tiny_config(**shape).to_dict(),
         "job": str(JOB.relative_to(ROOT)),
@@ -238,17 +282,20 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--steps", type=int, default=None, help="default: the job's max_steps")
-    ap.add_argument("--trl-vllm", action="store_true", help="TRL samples with colocated vLLM (GPU only)")
+    sampler_arguments(ap)
     processes_argument(ap)
     ap.add_argument("--only", choices=["both", "rlfleet", "trl"], default="both")
     ap.add_argument("--dry-run", action="store_true", help="build the configs (no weights), run nothing")
     ap.add_argument("--logs", help="keep both commands' output in this directory")
     ap.add_argument("--out", required=True)
     a, overrides = ap.parse_known_args()  # the rest overrides the job, for both frameworks
-    if a.trl_vllm and a.device != "cuda":
-        ap.error("--trl-vllm needs --device cuda")
+    trl_sampler = sampler(ap, a)
 
-    from common import free_port, machine, table
+    from common import exit_on_sigterm, free_port, machine, table
+
+    exit_on_sigterm()  # a cut run unwinds: TRL's vLLM server (trl_servers.serving) is stopped on the way out
+    if trl_sampler in ("server", "async") and not a.dry_run and a.only != "rlfleet":
+        placement(visible_gpus(), a.trl_processes)  # before rlfleet's run, not after it
 
     from rlfleet.config.loader import load
     from rlfleet.config.models import RLConfig
@@ -278,11 +325,13 @@ def main() -> None:
         cfg = load(RLConfig, argv)
         if not a.dry_run:
             positions_for(model, cfg.inference.max_model_len)
-        spec = trl_spec(cfg, model, tmp, a.device, a.trl_vllm, a.trl_processes)
+        spec = trl_spec(cfg, model, tmp, a.device, trl_sampler, a.trl_processes)
         if a.dry_run:
             from trl import GRPOConfig
+            from trl.experimental.async_grpo import AsyncGRPOConfig
 
-            GRPOConfig(**spec["grpo"] | {"bf16": False, "use_cpu": True})  # bf16 needs a GPU to validate
+            config = AsyncGRPOConfig if trl_sampler == "async" else GRPOConfig
+            config(**spec["grpo"] | {"bf16": False, "use_cpu": True})  # bf16 needs a GPU to validate
             print(json.dumps({"model": tiny_config(**shape).to_dict(), "rlfleet": argv, "trl": spec["grpo"]}))
             return
         if a.only != "trl":

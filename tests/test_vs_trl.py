@@ -34,7 +34,7 @@ def run_trl(vs_trl, model: Path, tmp: Path, processes: int) -> tuple[dict, dict]
     argv += ["--max-steps", str(STEPS), "--orchestrator.batch-size", str(BATCH)]
     argv += ["--orchestrator.group-size", str(GROUP), "--orchestrator.max-tokens", "8"]
     tmp.mkdir()
-    spec = vs_trl.trl_spec(load(RLConfig, argv), model, tmp, "cpu", False, processes)
+    spec = vs_trl.trl_spec(load(RLConfig, argv), model, tmp, "cpu", "hf", processes)
     return spec, vs_trl.run_trl(spec, tmp, tmp / "trl.log")
 
 
