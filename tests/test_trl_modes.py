@@ -21,7 +21,11 @@ from rlfleet.config.models import RLConfig
 ROOT = Path(__file__).resolve().parents[1]
 BATCH, GROUP = 4, 4
 
-pytest.importorskip("trl", reason="TRL is the bench extra: make bench-install")
+
+@pytest.fixture
+def trl():
+    """TRL is the bench extra (`make bench-install`), which `make test` does not install."""
+    return pytest.importorskip("trl", reason="TRL is the bench extra: make bench-install")
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +41,7 @@ def spec_for(bench, model: Path, tmp: Path, sampler: str, processes: int = 1, *e
     return bench["vs_trl"].trl_spec(load(RLConfig, argv), model, tmp, "cpu", sampler, processes)
 
 
-def test_server_mode_points_grpo_config_at_the_server(bench, tiny_model, tmp_path):
+def test_server_mode_points_grpo_config_at_the_server(trl, bench, tiny_model, tmp_path):
     from trl import GRPOConfig
 
     spec, colocated = (
@@ -63,7 +67,7 @@ def test_server_mode_points_grpo_config_at_the_server(bench, tiny_model, tmp_pat
     }
 
 
-def test_async_grpo_config_carries_the_job(bench, tiny_model, tmp_path):
+def test_async_grpo_config_carries_the_job(trl, bench, tiny_model, tmp_path):
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     spec = spec_for(bench, tiny_model, tmp_path, "async", 2, "--orchestrator.max-async-level", "2")
@@ -114,7 +118,7 @@ def test_server_takes_the_last_gpu_and_trainers_the_rest(bench, tmp_path):
     assert not (tmp_path / "s.log").exists()
 
 
-def test_server_command_lines_parse_as_their_servers_read_them(bench, tiny_model, tmp_path):
+def test_server_command_lines_parse_as_their_servers_read_them(trl, bench, tiny_model, tmp_path):
     from trl.scripts.vllm_serve import make_parser
 
     s = bench["trl_servers"]
