@@ -99,20 +99,12 @@ def reward_for(spec: dict[str, Any]) -> functools.partial:
     return functools.partial(repeat_reward, model=spec["model"], max_tokens=spec["max_tokens"], per=per)
 
 
-def trl_worker(spec_path: str) -> None:
-    """One TRL GRPO run (this rank's share of it) as the spec says; writes step-begin times, TRL's
-    logs and generation timers."""
-    spec = json.loads(Path(spec_path).read_text())
-    sys.path.insert(0, str(ROOT))  # rlfleet from this checkout when it is not installed
-    if spec["sampler"] == "async":
-        return async_worker(spec)
-    from datasets import Dataset
+def clock_callback(clock: dict[str, Any]) -> Any:
+    """A TrainerCallback writing into `clock` each step's begin (before its generation), TRL's logs
+    and the end of training: the clock both TRL trainers keep."""
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
-    clock: dict[str, Any] = {"begins": [], "logs": [], "gens": []}
-
-    class Clock(TrainerCallback):  # on_step_begin comes before the step's generation
+    class Clock(TrainerCallback):
         def on_step_begin(self, *args: Any, **kw: Any) -> None:
             clock["begins"].append(time.time())
 
@@ -121,6 +113,21 @@ def trl_worker(spec_path: str) -> None:
 
         def on_train_end(self, *args: Any, **kw: Any) -> None:
             clock["end"] = time.time()
+
+    return Clock()
+
+
+def trl_worker(spec_path: str) -> None:
+    """One TRL GRPO run (this rank's share of it) as the spec says; writes step-begin times, TRL's
+    logs and generation timers."""
+    spec = json.loads(Path(spec_path).read_text())
+    sys.path.insert(0, str(ROOT))  # rlfleet from this checkout when it is not installed
+    if spec["sampler"] == "async":
+        return async_worker(spec)
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    clock: dict[str, Any] = {"begins": [], "logs": [], "gens": []}
 
     class Timed(GRPOTrainer):
         def _generate(self, prompts: list) -> Any:
@@ -145,7 +152,7 @@ def trl_worker(spec_path: str) -> None:
     processes, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
     if processes != spec["processes"]:
         raise SystemExit(f"the spec is for {spec['processes']} TRL processes, this one is 1 of {processes}")
-    trainer.add_callback(Clock())
+    trainer.add_callback(clock_callback(clock))
     if [list(x) for x in trainer._tokenize_prompts([r["prompt"] for r in rows])[0]] != spec["prompt_ids"]:
         raise SystemExit("TRL tokenizes the prompts differently from rlfleet")
     if trainer.use_vllm:
@@ -188,20 +195,9 @@ def async_worker(spec: dict[str, Any]) -> None:
     the rollout queue and its weight sync to the server (its perf/ logs)."""
     import trl.experimental.async_grpo.async_grpo_trainer as agt
     from datasets import Dataset
-    from transformers import TrainerCallback
 
     clock: dict[str, Any] = {"begins": [], "logs": [], "gens": []}
     lengths: list[int] = []
-
-    class Clock(TrainerCallback):
-        def on_step_begin(self, *args: Any, **kw: Any) -> None:
-            clock["begins"].append(time.time())
-
-        def on_log(self, *args: Any, logs: Any = None, **kw: Any) -> None:
-            clock["logs"].append(dict(logs or {}))
-
-        def on_train_end(self, *args: Any, **kw: Any) -> None:
-            clock["end"] = time.time()
 
     log_metrics = agt.DataCollatorForRollout._log_metrics
 
@@ -226,7 +222,7 @@ def async_worker(spec: dict[str, Any]) -> None:
     )
     if (processes := trainer.accelerator.num_processes) != spec["processes"]:
         raise SystemExit(f"the spec is for {spec['processes']} TRL processes, this one is 1 of {processes}")
-    trainer.add_callback(Clock())
+    trainer.add_callback(clock_callback(clock))
     trainer.train()
     if not trainer.accelerator.is_main_process:
         return
