@@ -70,12 +70,9 @@ def wake(urls: list[str]) -> float:
     does not answer is skipped: the pool waits for it as for any replica, and a relaunched vLLM
     starts awake."""
     start = time.perf_counter()
-    for url in urls:
-        try:
-            asleep = sleeping(url)
-        except httpx.HTTPError as e:
-            log.warning("fleet replica %s did not say whether it sleeps (%r): not woken", url, e)
-            continue
-        if asleep:
+    for url, state in zip(urls, asleep(urls), strict=True):
+        if state is None:
+            log.warning("fleet replica %s did not say whether it sleeps: not woken", url)
+        elif state:
             _post(url, "wake_up")
     return time.perf_counter() - start
