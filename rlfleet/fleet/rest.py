@@ -15,6 +15,7 @@ import time
 import httpx
 
 from rlfleet.fleet.attach import try_lock
+from rlfleet.inference.server import post_control
 from rlfleet.net import tls
 
 log = logging.getLogger("rlfleet.fleet")
@@ -39,12 +40,6 @@ def asleep(urls: list[str]) -> list[bool | None]:
     return out
 
 
-def _post(url: str, path: str, **params: str) -> None:
-    resp = httpx.post(f"{url}/{path}", params=params, timeout=TIMEOUT_S, verify=tls())
-    if resp.status_code != 200:
-        raise RuntimeError(f"{url}/{path}: HTTP {resp.status_code}: {resp.text[:300]}")
-
-
 def rest_idle(name: str, urls: list[str]) -> list[int]:
     """Put every replica of fleet `name` that no run holds to sleep; the indexes put to sleep now.
     A replica that does not answer (dead, relaunching) is left to the pool's watch."""
@@ -54,7 +49,7 @@ def rest_idle(name: str, urls: list[str]) -> list[int]:
             continue  # a run holds it
         try:
             if not sleeping(url):
-                _post(url, "sleep", level="1")
+                post_control([url], "sleep", TIMEOUT_S, level="1")
                 rested.append(i)
         except (httpx.HTTPError, RuntimeError) as e:
             log.debug("fleet %s: replica %d did not go to sleep: %r", name, i, e)
@@ -70,9 +65,9 @@ def wake(urls: list[str]) -> float:
     does not answer is skipped: the pool waits for it as for any replica, and a relaunched vLLM
     starts awake."""
     start = time.perf_counter()
-    for url, state in zip(urls, asleep(urls), strict=True):
+    states = asleep(urls)
+    for url, state in zip(urls, states, strict=True):
         if state is None:
             log.warning("fleet replica %s did not say whether it sleeps: not woken", url)
-        elif state:
-            _post(url, "wake_up")
+    post_control([url for url, state in zip(urls, states, strict=True) if state], "wake_up", TIMEOUT_S)
     return time.perf_counter() - start

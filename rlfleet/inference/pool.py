@@ -14,8 +14,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
-
 from rlfleet.config.models import InferenceJobConfig
 from rlfleet.config.served import POLICY
 from rlfleet.errors import DeterministicError, TransientError
@@ -23,13 +21,13 @@ from rlfleet.inference.server import (
     Replica,
     healthy,
     launch_replicas,
+    post_control,
     probe,
     start_replica,
     start_replicas,
     stop_replicas,
     wait_ready,
 )
-from rlfleet.net import tls
 from rlfleet.procs import wait_until
 from rlfleet.progress import Progress
 from rlfleet.store import run_store
@@ -227,10 +225,10 @@ class InferencePool:
         if transport.skip(ticket, self.policy_step):  # nccl: a relaunch's regroup brought them here
             return self._loaded(start, [])
         if self.asleep:  # weight memory first, then the new weights, then the KV cache
-            self._post_all(urls, "wake_up", params={"tags": "weights"})
+            post_control(urls, "wake_up", self.cfg.weights.timeout_s, tags="weights")
         calls = self._load_all(urls, ticket)
         if self.asleep:
-            self._post_all(urls, "wake_up", params={"tags": "kv_cache"})
+            post_control(urls, "wake_up", self.cfg.weights.timeout_s, tags="kv_cache")
             self.asleep = False
         self.policy_step, self.ticket = ticket["step"], ticket
         self.weights_path = transport.files(ticket) or self.weights_path
@@ -265,22 +263,9 @@ class InferencePool:
         start = time.perf_counter()
         with self.lock:
             if self.cfg.inference.sleep and not self.asleep:
-                self._post_all(self._ensure(), "sleep", params={"level": "2"})
+                post_control(self._ensure(), "sleep", self.cfg.weights.timeout_s, level="2")
                 self.asleep = True
         return time.perf_counter() - start
-
-    def _post_all(self, urls: list[str], path: str, params: dict[str, str]) -> None:
-        """Every replica at once (sleep, wake_up): colocated on N GPUs, N replicas wake together."""
-
-        def one(url: str) -> None:
-            resp = httpx.post(
-                f"{url}/{path}", params=params, timeout=self.cfg.weights.timeout_s, verify=tls()
-            )
-            if resp.status_code != 200:
-                raise TransientError(f"{url}/{path} failed: HTTP {resp.status_code}: {resp.text[:300]}")
-
-        with ThreadPoolExecutor(max(len(urls), 1)) as ex:
-            list(ex.map(one, urls))
 
     def _load_all(self, urls: list[str], ticket: dict[str, Any]) -> list[dict[str, Any]]:
         """Concurrently: an nccl broadcast needs every replica's workers in it at once."""

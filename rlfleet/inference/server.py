@@ -17,12 +17,14 @@ import logging
 import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from rlfleet.config.models import InferenceJobConfig
+from rlfleet.errors import TransientError
 from rlfleet.inference import cpu_server
 from rlfleet.net import tls
 from rlfleet.orchestrator.sampler import GENERATE, generate_body
@@ -135,6 +137,19 @@ def cpu_threads(replicas: int, cpus: int | None = None) -> dict[str, str]:
     lost it (tiny job, 2 cores: the step loop 35.2 -> 29.3 s with one unbound thread)."""
     cpus = len(os.sched_getaffinity(0)) if cpus is None else cpus
     return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, (cpus - 1) // replicas))}
+
+
+def post_control(urls: list[str], path: str, timeout_s: float, **params: str) -> None:
+    """POST vLLM's dev-mode `path` (sleep, wake_up) to every replica at once: colocated on N GPUs,
+    N replicas wake together. A replica that answers an error status raises TransientError."""
+
+    def one(url: str) -> None:
+        resp = httpx.post(f"{url}/{path}", params=params, timeout=timeout_s, verify=tls())
+        if resp.status_code != 200:
+            raise TransientError(f"{url}/{path} failed: HTTP {resp.status_code}: {resp.text[:300]}")
+
+    with ThreadPoolExecutor(max(len(urls), 1)) as ex:
+        list(ex.map(one, urls))
 
 
 def healthy(url: str) -> bool:
