@@ -25,7 +25,7 @@ import httpx
 
 from rlfleet.config.models import InferenceJobConfig
 from rlfleet.errors import TransientError
-from rlfleet.inference import cpu_server
+from rlfleet.inference import cpu_server, modelinfo
 from rlfleet.net import tls
 from rlfleet.orchestrator.sampler import GENERATE, generate_body
 from rlfleet.procs import ManagedProcess, python_module_cmd, wait_until
@@ -186,6 +186,8 @@ def start_replica(cfg: InferenceJobConfig, r: int, model_path: str | None = None
     here = RunDir(local_dir(cfg.output_dir))  # logs and pidfiles stay on this machine
     port = i.port + r
     idx = i.replica_offset + r  # unique across a multi-node job's inference nodes
+    env = replica_env(cfg, r)
+    modelinfo.prefill(model_path or cfg.model.path, {**os.environ, **env})
     proc = ManagedProcess(
         name=f"inference-{idx}" if cfg.name == SERVED_NAME else f"{cfg.name}-{idx}",
         cmd=python_module_cmd(
@@ -193,7 +195,7 @@ def start_replica(cfg: InferenceJobConfig, r: int, model_path: str | None = None
         ),
         log_path=here.replica_log(idx, cfg.name),
         pidfile=here.pidfile(here.replica_pidfile(idx, cfg.name)),
-        env=replica_env(cfg, r),
+        env=env,
     ).start()
     return Replica(idx, f"http://{i.host}:{port}", proc, t0=time.monotonic())
 
