@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,6 +56,25 @@ def first_step(
     return {"first_step_s": rec["finished_at"] - t0, "wall_s": wall, "step0": rec["phase_seconds"]}
 
 
+def wait_asleep(port: int, fleet: subprocess.Popen, limit_s: float = 60.0) -> float | None:
+    """A GPU fleet puts an idle replica to sleep about once a second (rlfleet/fleet/rest.py): seconds
+    until it sleeps, None if it did not within `limit_s` (the run then finds it awake)."""
+    from rlfleet.fleet.rest import asleep
+
+    t0 = time.time()
+    while time.time() - t0 < limit_s and fleet.poll() is None:
+        if asleep([f"http://127.0.0.1:{port}"]) == [True]:
+            return time.time() - t0
+        time.sleep(0.5)
+    return None
+
+
+def woke_s(log: Path) -> float | None:
+    """What the run said it took to wake its fleet replica (logged above 0.5 s)."""
+    found = re.findall(r"woke its replica in ([0-9.]+) s", log.read_text(errors="replace"))
+    return float(found[-1]) if found else None
+
+
 def eval_wall(model: Path, run: Path, port: int, fleet: str | None, env: dict[str, str]) -> float:
     """Command start -> end of `rlfleet eval` of the run's latest checkpoint (32 greedy answers)."""
     argv = [sys.executable, "-m", "rlfleet.cli", "eval", "--output-dir", str(run), "--model.path", str(model)]
@@ -71,6 +92,7 @@ def main() -> None:
     ap.add_argument(
         "--gpus", help="CUDA devices: 0 (shared) or 0,1 (vLLM on the first, the trainer on the second)"
     )
+    ap.add_argument("--logs", help="a directory to keep the fleet's and each run's log in")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     gpus = a.gpus.split(",") if a.gpus else []
@@ -126,11 +148,14 @@ def main() -> None:
             )
             for v, i in pairs:
                 p, name = (free_port(), None) if v == "cold" else (port, "tiny")
+                rested = wait_asleep(port, fleet) if gpus and v == "fleet" else None
                 runs[v].append(
                     first_step(
                         model, tmp / f"{v}_{i}", p, name, env, cold_args if v == "cold" else fleet_args
                     )
                 )
+                if gpus and v == "fleet":  # the replica rested asleep before the run, which woke it
+                    runs[v][-1] |= {"asleep_after_s": rested, "woke_s": woke_s(tmp / f"{v}_{i}.log")}
                 print(v, runs[v][-1], flush=True)
             evals = {
                 v: eval_wall(model, tmp / "fleet_0", free_port(), "tiny" if v == "fleet" else None, env)
@@ -140,6 +165,10 @@ def main() -> None:
         finally:
             fleet.terminate()
             fleet.wait(120)
+            if a.logs:
+                Path(a.logs).mkdir(parents=True, exist_ok=True)
+                for log in tmp.glob("*.log"):
+                    shutil.copy(log, Path(a.logs) / log.name)
     med = {v: median([r["first_step_s"] for r in rs]) for v, rs in runs.items()}
     write(
         a.out,
