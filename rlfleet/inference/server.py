@@ -187,7 +187,8 @@ def start_replica(cfg: InferenceJobConfig, r: int, model_path: str | None = None
     port = i.port + r
     idx = i.replica_offset + r  # unique across a multi-node job's inference nodes
     env = replica_env(cfg, r)
-    modelinfo.prefill(model_path or cfg.model.path, {**os.environ, **env})
+    if cfg.num_gpus:  # on a CPU box the server's, trainer's and Prefect's imports have the cores already
+        modelinfo.prefill(model_path or cfg.model.path, {**os.environ, **env})
     proc = ManagedProcess(
         name=f"inference-{idx}" if cfg.name == SERVED_NAME else f"{cfg.name}-{idx}",
         cmd=python_module_cmd(
