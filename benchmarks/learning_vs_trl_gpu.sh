@@ -4,6 +4,7 @@
 #   bash benchmarks/learning_vs_trl_gpu.sh one_seed  # rlfleet sync, k = 1 and TRL, seed 0; GPU 3: the sizing checks
 #   bash benchmarks/learning_vs_trl_gpu.sh seed1     # TRL and k = 1 seed 1, k = 2 (m = k) and LoRA seed 0
 #   bash benchmarks/learning_vs_trl_gpu.sh reason    # long generations: TRL, k = 1, k = 2; GPU 3: the sizing checks
+#   bash benchmarks/learning_vs_trl_gpu.sh shared    # a one-GPU host: TRL and k = 1 started together on GPU 0
 # MODEL (default /tmp/models/smollm2) is `rlfleet model smollm2`'s output; results go to $OUT/lvt.
 # Each rlfleet run gets its own vLLM port; TRL picks free ports itself. On an H200, H100_SHARE=0.69
 # leaves the 1.5B trainer what vLLM's 0.45 leaves it on an 80 GB H100 (~44 GB).
@@ -57,6 +58,11 @@ case ${1:-compare} in
     lane 2 rlfleet_k2_s0 "${L[@]}" --framework rlfleet --seed 0 --variant k2 --inference.port 8160 \
       --orchestrator.max-async-level 2 --orchestrator.max-off-policy-steps 2
     sizing &
+    ;;
+  shared)  # both on GPU 0, each vLLM at 0.3 of it (docs/benchmarks/startup.md, the cold pair)
+    lane 0 trl_sync_s0 --framework trl --seed 0 --trl-vllm-memory 0.3
+    lane 0 rlfleet_k1_s0 --framework rlfleet --seed 0 --variant k1 --inference.port 8150 \
+      --orchestrator.max-async-level 1 --orchestrator.max-off-policy-steps 1 --inference.gpu-memory-utilization 0.3
     ;;
 esac
 wait
