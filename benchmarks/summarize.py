@@ -117,7 +117,10 @@ LEARNING = {  # results directory -> what its job is
         "one-digit addition, 32-token answers, two runs on a warm fleet through its warm controller",
         "",
     ),
-    "learning_vs_trl_h200_1gpu_shared": ("one-digit addition, 32-token answers, cold, both on one GPU", "shared"),
+    "learning_vs_trl_h200_1gpu_shared": (
+        "one-digit addition, 32-token answers, cold, both on one GPU",
+        "shared",
+    ),
 }
 
 
