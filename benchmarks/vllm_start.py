@@ -79,7 +79,10 @@ def start_once(
         peak["wall_s"] = time.perf_counter() - t
     finally:
         for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     peak["phases"] = phases(out)
     if a.logs:  # the replica's whole log: what its start spent the seconds on
         for log in out.rglob("*.log"):
