@@ -17,9 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,20 +117,20 @@ def server_env(env: dict[str, str], gpu: str) -> dict[str, str]:
 def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout_s: float = 900.0) -> None:
     """Until vLLM's /health answers 200 (the engine is up); the server's exit or the timeout raises
     with the end of its log."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1.0)
-    tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-    state = f"exited {proc.returncode}" if proc.poll() is not None else f"not ready after {timeout_s:.0f}s"
-    raise RuntimeError(f"TRL's vLLM server {state}; the end of {log}:\n{tail}")
+    from rlfleet.inference.server import healthy
+    from rlfleet.procs import wait_until
+
+    def tail() -> str:
+        return f"the end of {log}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+
+    wait_until(
+        lambda: healthy(url),
+        timeout_s,
+        interval_s=1.0,
+        what=f"TRL's vLLM server at {url}",
+        abort=lambda: None if proc.poll() is None else f"it exited {proc.returncode}; {tail()}",
+        on_timeout=lambda: RuntimeError(f"TRL's vLLM server not ready after {timeout_s:.0f}s; {tail()}"),
+    )
 
 
 @contextmanager

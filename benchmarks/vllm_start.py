@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 from common import rl_config, table, write
 from long_tail import engine_peak
@@ -71,18 +72,10 @@ def start_once(
         "--inference.gpu-memory-utilization", str(a.gpu_memory_utilization),
         "--inference.extra-args", json.dumps(args),
     )  # fmt: skip
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with patch.dict(os.environ, env):  # the replica inherits the variant's environment
         t = time.perf_counter()
         peak = engine_peak(cfg, a.concurrency, a.max_tokens, ["as_sent"], reps=a.reps)
         peak["wall_s"] = time.perf_counter() - t
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     peak["phases"] = phases(out)
     if a.logs:  # the replica's whole log: what its start spent the seconds on
         for log in out.rglob("*.log"):

@@ -6,8 +6,9 @@ server), after its own imports and before its engine core starts. That subproces
 again: 21 s on a cold H200 host (docs/benchmarks/startup.md). `prefill` starts the same
 inspection when a GPU replica starts, so it runs on a spare core while the server imports, and the
 server finds the answer cached. Not on a CPU box: there the cores are busy with the server's, the
-trainer's and Prefect's imports, and `rlfleet rl` on 2 cores measured no gain. The helper runs vLLM's own inspection and cache write in its process;
-where vLLM's registry differs (another version) it does nothing, and the server inspects as before.
+trainer's and Prefect's imports, and `rlfleet rl` on 2 cores measured no gain. The helper runs
+vLLM's own inspection and cache write in its process; where vLLM's registry differs (another
+version) it does nothing, and the server inspects as before.
 """
 
 from __future__ import annotations
