@@ -5,6 +5,8 @@
 #   bash benchmarks/learning_vs_trl_gpu.sh seed1     # TRL and k = 1 seed 1, k = 2 (m = k) and LoRA seed 0
 #   bash benchmarks/learning_vs_trl_gpu.sh reason    # long generations: TRL, k = 1, k = 2; GPU 3: the sizing checks
 #   bash benchmarks/learning_vs_trl_gpu.sh shared    # a one-GPU host: TRL and k = 1 started together on GPU 0
+#   bash benchmarks/learning_vs_trl_gpu.sh cold      # a one-GPU host: k = 1 then TRL (ORDER="trl rlfleet"), each
+#                                                    # alone on GPU 0 with its own empty compile caches
 # MODEL (default /tmp/models/smollm2) is `rlfleet model smollm2`'s output; results go to $OUT/lvt.
 # Each rlfleet run gets its own vLLM port; TRL picks free ports itself. On an H200, H100_SHARE=0.69
 # leaves the 1.5B trainer what vLLM's 0.45 leaves it on an 80 GB H100 (~44 GB).
@@ -63,6 +65,17 @@ case ${1:-compare} in
     lane 0 trl_sync_s0 --framework trl --seed 0 --trl-vllm-memory 0.3
     lane 0 rlfleet_k1_s0 --framework rlfleet --seed 0 --variant k1 --inference.port 8150 \
       --orchestrator.max-async-level 1 --orchestrator.max-off-policy-steps 1 --inference.gpu-memory-utilization 0.3
+    ;;
+  cold)  # one after the other: sharing a GPU, TRL's vLLM can find no memory for its KV cache
+    for fw in ${ORDER:-rlfleet trl}; do
+      C=$(mktemp -d /tmp/cold_caches_XXXX)  # what a host that never ran either has
+      export VLLM_CACHE_ROOT=$C/vllm TRITON_CACHE_DIR=$C/triton TORCHINDUCTOR_CACHE_DIR=$C/inductor CUDA_CACHE_PATH=$C/cuda
+      if [ "$fw" = trl ]; then lane 0 trl_sync_s0 --framework trl --seed 0 --trl-vllm-memory 0.3
+      else lane 0 rlfleet_k1_s0 --framework rlfleet --seed 0 --variant k1 --inference.port 8150 \
+        --orchestrator.max-async-level 1 --orchestrator.max-off-policy-steps 1 --inference.gpu-memory-utilization 0.3
+      fi
+      wait
+    done
     ;;
 esac
 wait

@@ -7,6 +7,8 @@ Prefect's temporary server, vLLM and the trainer all count. Variants, rotated pe
                     it): vLLM starts inside the flow
   cli_no_bytecode:  `rlfleet rl` with no compiled bytecode to read (an empty PYTHONPYCACHEPREFIX and
                     PYTHONDONTWRITEBYTECODE=1): what a uv install without --compile-bytecode gave
+  cli_cold_vllm:    `rlfleet rl` with an empty vLLM cache (VLLM_CACHE_ROOT): a host's first run,
+                    where vLLM inspects the model's class before its engine starts
 Then one vLLM replica alone (`launch_replicas`, as the flow starts it), ready seconds, with and
 without bytecode and with vLLM's V1 multiprocessing on and off (rlfleet sets it off on a CPU).
 
@@ -27,6 +29,7 @@ from typing import Any
 from common import ROOT, free_port, median, table, write
 
 JOB = ROOT / "examples" / "tiny" / "rl.toml"
+VARIANTS = ("cli", "flow", "cli_no_bytecode", "cli_cold_vllm")
 FLOW = (
     "import sys; from rlfleet.config.loader import load; from rlfleet.config.models import RLConfig; "
     "from rlfleet.flows.rl import rl; rl(config=load(RLConfig, sys.argv[1:]))"
@@ -54,6 +57,7 @@ def first_step(variant: str, model: Path, tmp: Path, i: int) -> dict[str, Any]:
         "HF_HUB_OFFLINE": "1",
     }
     env |= no_bytecode(tmp) if variant == "cli_no_bytecode" else {}
+    env |= {"VLLM_CACHE_ROOT": str(tmp / f"vllm_cache_{i}")} if variant == "cli_cold_vllm" else {}
     log = tmp / f"{variant}_{i}.log"
     t0 = time.time()
     with log.open("w") as f:
@@ -96,17 +100,23 @@ def vllm_alone(variant: str, model: Path, tmp: Path, i: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"a subset of {VARIANTS}")
+    ap.add_argument("--no-alone", action="store_true", help="skip the replica-alone timings")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     from common import tiny_model
 
-    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in ("cli", "flow", "cli_no_bytecode")}
-    alone: dict[str, list[float]] = {v: [] for v in ("bytecode", "no_bytecode", "bytecode_mp_on")}
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in a.variants.split(",")}
+    if set(runs) - set(VARIANTS):
+        sys.exit(f"--variants: unknown {sorted(set(runs) - set(VARIANTS))}; known: {VARIANTS}")
+    alone: dict[str, list[float]] = (
+        {} if a.no_alone else {v: [] for v in ("bytecode", "no_bytecode", "bytecode_mp_on")}
+    )
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         model = tiny_model(tmp)
         for i in range(a.reps):
-            order = list(runs)[i % 3 :] + list(runs)[: i % 3]
+            order = list(runs)[i % len(runs) :] + list(runs)[: i % len(runs)]
             for v in order:
                 runs[v].append(first_step(v, model, tmp, i))
                 print(v, runs[v][-1], flush=True)

@@ -55,6 +55,10 @@ def bars() -> list[Bar]:
         ("rlfleet, warm fleet (11-28)", "learning_vs_trl_h200x2_s11_fleet2", "rlfleet/k2_fleet"),
         ("TRL cold (11-28, 2nd host)", "learning_vs_trl_h200x2_s12_fleet_wc", "trl/sync"),
         ("rlfleet, warm controller", "learning_vs_trl_h200x2_s12_fleet_wc", "rlfleet/k2_fleet"),
+        ("rlfleet cold, alone first (11-29)", "learning_vs_trl_h200_1gpu_cold_seq_a", "rlfleet/k1"),
+        ("TRL cold, alone second (11-29)", "learning_vs_trl_h200_1gpu_cold_seq_a", "trl/sync"),
+        ("TRL cold, alone first (11-29)", "learning_vs_trl_h200_1gpu_cold_seq_b", "trl/sync"),
+        ("rlfleet cold, alone second (11-29)", "learning_vs_trl_h200_1gpu_cold_seq_b", "rlfleet/k1"),
     ):
         out.append(
             {

@@ -12,6 +12,8 @@ Variants (vLLM 0.26; name=ENV=VALUE,...|vLLM args):
   v1_runner:  VLLM_USE_V2_MODEL_RUNNER=0 (the V2 runner JIT-compiles its Triton kernels on start)
   breakable:  VLLM_USE_BREAKABLE_CUDAGRAPH=1 (piecewise CUDA graphs without vLLM's torch.compile)
   eager:      -O0 (no compile, no CUDA graphs)
+  subprocess: vLLM's API server started directly, not through `rlfleet/inference/vllm_main.py`: on a
+              cold host it inspects the model's class in a subprocess that imports vLLM again
 
     python benchmarks/vllm_start.py --model models/smollm2 --out benchmarks/results/vllm_start_h200.json
 """
@@ -19,6 +21,7 @@ Variants (vLLM 0.26; name=ENV=VALUE,...|vLLM args):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -28,18 +31,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from unittest.mock import patch
 
 from common import rl_config, table, write
 from long_tail import engine_peak
 
+from rlfleet.inference.vllm_main import SERVER
+
 VARIANTS = {
     "default": "|",
     "v1_runner": "VLLM_USE_V2_MODEL_RUNNER=0|",
     "breakable": "VLLM_USE_BREAKABLE_CUDAGRAPH=1|",
     "eager": "|-O0",
+    "subprocess": "|",
 }
+DIRECT = {"subprocess"}  # started without rlfleet's wrapper
 # vLLM's own lines that time a phase of its start ("Loading weights took 0.21 s", "torch.compile
 # took 11.2 s in total", "Graph capturing finished in 4 secs", "init engine ... took 20.5 seconds")
 PHASE = re.compile(r"took|takes|finished in|Compiling a graph|Cache the graph|warm", re.I)
@@ -62,7 +70,7 @@ def phases(log_dir: Path) -> list[str]:
 
 
 def start_once(
-    model: str, env: dict[str, str], args: list[str], a: argparse.Namespace, out: Path
+    model: str, env: dict[str, str], args: list[str], a: argparse.Namespace, out: Path, direct: bool = False
 ) -> dict[str, Any]:
     cfg = rl_config(
         Path(model),
@@ -72,7 +80,10 @@ def start_once(
         "--inference.gpu-memory-utilization", str(a.gpu_memory_utilization),
         "--inference.extra-args", json.dumps(args),
     )  # fmt: skip
-    with patch.dict(os.environ, env):  # the replica inherits the variant's environment
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patch.dict(os.environ, env))  # the replica inherits the variant's environment
+        if direct:  # the replica's command names vLLM's own module
+            stack.enter_context(patch("rlfleet.inference.server.vllm_main", SimpleNamespace(__name__=SERVER)))
         t = time.perf_counter()
         peak = engine_peak(cfg, a.concurrency, a.max_tokens, ["as_sent"], reps=a.reps)
         peak["wall_s"] = time.perf_counter() - t
@@ -115,7 +126,7 @@ def main() -> None:
             for when in ["cold", "warm"] if name in warm else ["cold"]:
                 key = f"{name}_{when}"
                 try:
-                    results[key] = start_once(a.model, env, args, a, Path(tmp) / key)
+                    results[key] = start_once(a.model, env, args, a, Path(tmp) / key, name in DIRECT)
                 except Exception as e:  # one variant that cannot start must not cost the others
                     results[key] = {"error": f"{type(e).__name__}: {e}"[-2000:]}
                 print(key, {k: v for k, v in results[key].items() if k != "phases"}, flush=True)

