@@ -9,8 +9,8 @@ settings, read once at Prefect's import, are read again from it). It goes when t
 (SIGKILL: what a killed `rlfleet rl` gets), and exits with the run. The fleet then starts a fresh
 one (fleet/keeper.py): no state passes from one run to the next.
 
-Files in `<fleet dir>/<name>/controller/<slot>/`: `warm.json` (pid and start time), `ready` (imports
-done, listening) and `claimed.json` (the caller's pid)."""
+Files in `<fleet dir>/<name>/controller/<slot>/`: `warm.json` (pid and start time, written once it
+listens), `ready` (imports done) and `claimed.json` (the caller's pid)."""
 
 from __future__ import annotations
 
@@ -32,8 +32,12 @@ from rlfleet.procs import running, this_process
 
 
 def serve_one(spool: Path, model: str) -> int:
-    """The warm process: pay the imports and the tokenizer, take one caller's command, run it as
-    `rlfleet` would, exit with its code."""
+    """The warm process: listen, pay the imports and the tokenizer, take one caller's command, run it
+    as `rlfleet` would, exit with its code. It listens first: a caller that comes while it imports
+    waits in the socket's queue for less than its own imports would take."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(handoff.address(spool))
+    listener.listen(8)
     write_json_atomic(spool / WARM, this_process())
     from rlfleet import cli
     from rlfleet.orchestrator.rollout import load_tokenizer
@@ -43,7 +47,8 @@ def serve_one(spool: Path, model: str) -> int:
         load_tokenizer(model)
     except Exception as e:  # noqa: BLE001 - the run loads its own
         print(f"the tokenizer of {model} did not load, the run loads its own: {e!r}", flush=True)
-    conn, command, fds = _take(spool)
+    (spool / READY).touch()
+    conn, command, fds = _take(listener)
     handoff.disable()
     write_json_atomic(spool / CLAIMED, {"pid": command["caller"], "started": command["caller_started"]})
     conn.sendall(json.dumps(this_process()).encode() + b"\n")  # the caller forwards signals here
@@ -99,13 +104,9 @@ def _settings_from_env() -> None:
     refresh_global_settings_context()
 
 
-def _take(spool: Path) -> tuple[socket.socket, Command, list[int]]:
+def _take(listener: socket.socket) -> tuple[socket.socket, Command, list[int]]:
     """The first caller whose command arrives whole; the listener is closed then, so callers queued
     behind it find their connection dropped and try another warm controller."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(handoff.address(spool))
-    listener.listen(8)
-    (spool / READY).touch()
     while True:
         conn, _ = listener.accept()
         try:

@@ -1,8 +1,9 @@
 """`rlfleet rl --fleet NAME`'s side of a warm controller (fleet/controller.py), and what both sides
 share: hand a free one the command (argv, environment, working directory, and the caller's stdout
 and stderr as file descriptors over a Unix socket), then wait for its exit code, passing SIGINT,
-SIGTERM and SIGHUP on. With none free (each runs a run, or is starting) the caller runs the command
-itself, as without a fleet.
+SIGTERM and SIGHUP on. A ready one is tried first; one still importing (a fresh one, right after a
+run) takes the command when its imports are done, sooner than the caller's own would be. With none
+free (each runs a run) the caller runs the command itself, as without a fleet.
 
 The socket is in Linux's abstract namespace, named from the warm controller's directory: a path
 under pytest's or a user's deep directory outgrows a socket path's 108 bytes, and nothing is left
@@ -21,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import BinaryIO, TypedDict
 
-from rlfleet.fleet.keeper import spool
+from rlfleet.fleet.keeper import READY, spool
 from rlfleet.fleet.state import fleet_dir, read_state
 from rlfleet.procs import this_process
 
@@ -55,15 +56,16 @@ def hand_off(name: str, argv: list[str]) -> int | None:
     None when none took it (none up, each running a run, or this process is one)."""
     if _disabled or (state := read_state(name)) is None:
         return None
-    for slot in range(len(state["urls"])):  # a warm controller beside each replica
+    spools = [spool(fleet_dir() / name, "controller", slot) for slot in range(len(state["urls"]))]
+    for slot_spool in sorted(spools, key=lambda s: not (s / READY).exists()):  # ready ones first
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.settimeout(HANDSHAKE_S)  # it answers as soon as the command is whole
+        conn.settimeout(HANDSHAKE_S)  # it answers once its imports are done and the command is whole
         try:
-            conn.connect(address(spool(fleet_dir() / name, "controller", slot)))
+            conn.connect(address(slot_spool))
             _send(conn, argv)
             replies = conn.makefile("rb")
             line = replies.readline()
-        except OSError:  # no listener (it runs another run, or is starting), or no answer
+        except OSError:  # no listener (it runs another run, or has not started), or no answer
             conn.close()
             continue
         if not line:  # it took another caller's command
