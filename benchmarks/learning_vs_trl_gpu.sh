@@ -28,6 +28,12 @@ sizing() {  # the trainer's sizing on GPU 3: the long-tail job at micro-batch-si
        --inference.gpu-memory-utilization "${H100_SHARE:-0.45}" > "$R/gpu_loop_15b.log" 2>&1
      cp /tmp/gl15/15b_cuda_ipc/logs/trainer/rank_0.log "$R/gpu_loop_15b_trainer.log" 2>/dev/null)
 }
+# the one-GPU cold pair's two runs, each vLLM at 0.3 of GPU 0 (`shared` and `cold`)
+pair_trl() { lane 0 trl_sync_s0 --framework trl --seed 0 --trl-vllm-memory 0.3; }
+pair_rlfleet() {
+  lane 0 rlfleet_k1_s0 --framework rlfleet --seed 0 --variant k1 --inference.port 8150 \
+    --orchestrator.max-async-level 1 --orchestrator.max-off-policy-steps 1 --inference.gpu-memory-utilization 0.3
+}
 case ${1:-compare} in
   compare)
     lane 0 rlfleet_sync_s0 --framework rlfleet --seed 0 --inference.port 8150
@@ -62,18 +68,13 @@ case ${1:-compare} in
     sizing &
     ;;
   shared)  # both on GPU 0, each vLLM at 0.3 of it (docs/benchmarks/startup.md, the cold pair)
-    lane 0 trl_sync_s0 --framework trl --seed 0 --trl-vllm-memory 0.3
-    lane 0 rlfleet_k1_s0 --framework rlfleet --seed 0 --variant k1 --inference.port 8150 \
-      --orchestrator.max-async-level 1 --orchestrator.max-off-policy-steps 1 --inference.gpu-memory-utilization 0.3
+    pair_trl; pair_rlfleet
     ;;
   cold)  # one after the other: sharing a GPU, TRL's vLLM can find no memory for its KV cache
     for fw in ${ORDER:-rlfleet trl}; do
       C=$(mktemp -d /tmp/cold_caches_XXXX)  # what a host that never ran either has
       export VLLM_CACHE_ROOT=$C/vllm TRITON_CACHE_DIR=$C/triton TORCHINDUCTOR_CACHE_DIR=$C/inductor CUDA_CACHE_PATH=$C/cuda
-      if [ "$fw" = trl ]; then lane 0 trl_sync_s0 --framework trl --seed 0 --trl-vllm-memory 0.3
-      else lane 0 rlfleet_k1_s0 --framework rlfleet --seed 0 --variant k1 --inference.port 8150 \
-        --orchestrator.max-async-level 1 --orchestrator.max-off-policy-steps 1 --inference.gpu-memory-utilization 0.3
-      fi
+      "pair_$fw"
       wait
     done
     ;;

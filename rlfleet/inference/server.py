@@ -186,13 +186,12 @@ def start_replica(cfg: InferenceJobConfig, r: int, model_path: str | None = None
     here = RunDir(local_dir(cfg.output_dir))  # logs and pidfiles stay on this machine
     port = i.port + r
     idx = i.replica_offset + r  # unique across a multi-node job's inference nodes
-    env = replica_env(cfg, r)
     proc = ManagedProcess(
         name=f"inference-{idx}" if cfg.name == SERVED_NAME else f"{cfg.name}-{idx}",
         cmd=python_module_cmd(vllm_main.__name__, server_args(cfg, port, model_path)),
         log_path=here.replica_log(idx, cfg.name),
         pidfile=here.pidfile(here.replica_pidfile(idx, cfg.name)),
-        env=env,
+        env=replica_env(cfg, r),
     ).start()
     return Replica(idx, f"http://{i.host}:{port}", proc, t0=time.monotonic())
 
