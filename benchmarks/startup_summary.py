@@ -59,6 +59,9 @@ def bars() -> list[Bar]:
         ("TRL cold, alone second (11-29)", "learning_vs_trl_h200_1gpu_cold_seq_a", "trl/sync"),
         ("TRL cold, alone first (11-29)", "learning_vs_trl_h200_1gpu_cold_seq_b", "trl/sync"),
         ("rlfleet cold, alone second (11-29)", "learning_vs_trl_h200_1gpu_cold_seq_b", "rlfleet/k1"),
+        ("rlfleet cold, inspection in server, 1st (11-29 b)", "learning_vs_trl_h200_1gpu_cold_seq_c", "rlfleet/k1"),
+        ("TRL cold, 2nd (11-29 b)", "learning_vs_trl_h200_1gpu_cold_seq_c", "trl/sync"),
+        ("rlfleet cold, inspection in server, 3rd (11-29 b)", "learning_vs_trl_h200_1gpu_cold_seq_d", "rlfleet/k1"),
     ):
         out.append(
             {
