@@ -6,7 +6,7 @@
 #   bash benchmarks/learning_vs_trl_gpu.sh reason    # long generations: TRL, k = 1, k = 2; GPU 3: the sizing checks
 #   bash benchmarks/learning_vs_trl_gpu.sh shared    # a one-GPU host: TRL and k = 1 started together on GPU 0
 #   bash benchmarks/learning_vs_trl_gpu.sh cold      # a one-GPU host: k = 1 then TRL (ORDER="trl rlfleet"), each
-#                                                    # alone on GPU 0 with its own empty compile caches
+#                                                    # alone on GPU 0 with its own empty compile caches; K=2: k = 2
 # MODEL (default /tmp/models/smollm2) is `rlfleet model smollm2`'s output; results go to $OUT/lvt.
 # Each rlfleet run gets its own vLLM port; TRL picks free ports itself. On an H200, H100_SHARE=0.69
 # leaves the 1.5B trainer what vLLM's 0.45 leaves it on an 80 GB H100 (~44 GB).
@@ -28,11 +28,12 @@ sizing() {  # the trainer's sizing on GPU 3: the long-tail job at micro-batch-si
        --inference.gpu-memory-utilization "${H100_SHARE:-0.45}" > "$R/gpu_loop_15b.log" 2>&1
      cp /tmp/gl15/15b_cuda_ipc/logs/trainer/rank_0.log "$R/gpu_loop_15b_trainer.log" 2>/dev/null)
 }
-# the one-GPU cold pair's two runs, each vLLM at 0.3 of GPU 0 (`shared` and `cold`)
+# the one-GPU cold pair's two runs, each vLLM at 0.3 of GPU 0 (`shared` and `cold`); K: rlfleet's k
 pair_trl() { lane 0 trl_sync_s0 --framework trl --seed 0 --trl-vllm-memory 0.3; }
 pair_rlfleet() {
-  lane 0 rlfleet_k1_s0 --framework rlfleet --seed 0 --variant k1 --inference.port 8150 \
-    --orchestrator.max-async-level 1 --orchestrator.max-off-policy-steps 1 --inference.gpu-memory-utilization 0.3
+  local k=${K:-1}
+  lane 0 "rlfleet_k${k}_s0" --framework rlfleet --seed 0 --variant "k$k" --inference.port 8150 \
+    --orchestrator.max-async-level "$k" --orchestrator.max-off-policy-steps "$k" --inference.gpu-memory-utilization 0.3
 }
 case ${1:-compare} in
   compare)

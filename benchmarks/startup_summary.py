@@ -62,6 +62,9 @@ def bars() -> list[Bar]:
         ("rlfleet cold, inspection in server, 1st (11-29 b)", "learning_vs_trl_h200_1gpu_cold_seq_c", "rlfleet/k1"),
         ("TRL cold, 2nd (11-29 b)", "learning_vs_trl_h200_1gpu_cold_seq_c", "trl/sync"),
         ("rlfleet cold, inspection in server, 3rd (11-29 b)", "learning_vs_trl_h200_1gpu_cold_seq_d", "rlfleet/k1"),
+        ("rlfleet k = 2 cold, 1st (11-29 c)", "learning_vs_trl_h200_1gpu_cold_seq_e", "rlfleet/k2"),
+        ("TRL cold, 2nd (11-29 c)", "learning_vs_trl_h200_1gpu_cold_seq_e", "trl/sync"),
+        ("rlfleet k = 2 cold, 3rd (11-29 c)", "learning_vs_trl_h200_1gpu_cold_seq_f", "rlfleet/k2"),
     ):
         out.append(
             {

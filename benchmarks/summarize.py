@@ -121,6 +121,14 @@ LEARNING = {  # results directory -> what its job is
         "one-digit addition, 32-token answers, cold, both on one GPU",
         "shared",
     ),
+    "learning_vs_trl_h200_1gpu_cold_seq_e": (
+        "one-digit addition, 32-token answers, cold, one GPU, each run alone (rlfleet first)",
+        "cold",
+    ),
+    "learning_vs_trl_h200_1gpu_cold_seq_f": (
+        "one-digit addition, 32-token answers, cold, one GPU, each run alone (TRL first)",
+        "cold",
+    ),
 }
 
 
