@@ -62,8 +62,9 @@ slurm:
 
 # Two workers: one test mostly waits on a subprocess starting (vLLM, Prefect, a trainer), so on 2
 # cores one worker kept about one core busy. A third adds nothing there: the suite is then CPU-bound
-# (2026-11-29, 2 cores: 27:12 with three workers against 25:08 with two). Tests that share a costly fixture (a SLURM cluster,
-# SmolLM2, a module's vLLM host) run on one worker, the long ones first (tests/workers.py).
+# (2026-11-29, 2 cores: 27:12 with three workers against 25:08 with two). Tests that share a costly
+# fixture (a SLURM cluster, SmolLM2, a module's vLLM host) run on one worker, the long ones first
+# (tests/workers.py).
 TEST_WORKERS ?= 2
 test: $(DEV_STAMP) slurm docs-build
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
