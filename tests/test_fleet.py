@@ -20,11 +20,11 @@ from rlfleet.config.fleet import FleetConfig
 from rlfleet.config.inference import InferenceConfig
 from rlfleet.config.loader import ConfigError, load, to_toml
 from rlfleet.config.model import ModelConfig
-from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig, TrainerJobConfig
+from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig
 from rlfleet.config.rollouts import EvalConfig
 from rlfleet.fleet.api import FleetApi, check_api_port, use_fleet_api
 from rlfleet.fleet.attach import attach, fleet_gpu_problems, fleet_hold, held_by
-from rlfleet.fleet.keeper import WarmKeeper, warm
+from rlfleet.fleet.keeper import warm
 from rlfleet.fleet.rest import sleeping, wake
 from rlfleet.fleet.serve import check_gpu_ids, serve
 from rlfleet.fleet.state import fleet_dir, mismatches, read_state, shape, write_state
@@ -423,57 +423,6 @@ def test_a_fleet_keeps_a_prefect_server_that_its_runs_use(tiny_model, tmp_path, 
     finally:
         api.stop()
     assert not api.server.alive() and not (tmp_path / "t" / "run" / "prefect_server.pid").exists()
-
-
-def test_a_warm_trainer_taken_by_a_run_goes_with_its_controller_and_a_fresh_one_waits(tiny_model, tmp_path):
-    """A run's controller hands its trainer job to the fleet's warm trainer, which compiled the
-    fleet's model while it waited: it trains in the run's log as the run's trainer, and when the controller is SIGKILLed it exits (as a trainer the run
-    started would); the fleet starts a fresh one, which no run has touched."""
-    keeper = WarmKeeper.trainer(tmp_path / "t", 0, [], str(tiny_model), "float32").start()
-    try:
-        warm = json.loads(wait_until(lambda: _read(keeper.spool / "warm.json"), 120, what="a warm trainer"))
-        keeper.release()  # what the fleet does once its replicas are up
-        assert keeper.wait_ready(300)
-        out = tmp_path / "run"
-        job = TrainerJobConfig(output_dir=str(out), max_steps=3, model=ModelConfig(path=str(tiny_model)))
-        (tmp_path / "trainer.toml").write_text(to_toml(job))
-        log_path, pidfile = out / "logs" / "trainer" / "rank_0.log", out / "run" / "trainer.pid"
-        controller = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "import sys, time; from pathlib import Path; from rlfleet.fleet.warm import claim\n"
-                "t = claim(*map(Path, sys.argv[1:5]), {})\n"
-                "print(t.warm_pid if t else 0, flush=True); time.sleep(600)",
-                str(keeper.spool),
-                str(tmp_path / "trainer.toml"),
-                str(log_path),
-                str(pidfile),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert int(controller.stdout.readline()) == warm["pid"]
-        # before any job it built the fleet's model and ran the warm-up once (compiled, on a GPU)
-        assert f"precompiled {tiny_model} (float32)" in keeper.process.log_path.read_text()
-        assert pid_alive(pidfile) == warm["pid"]  # the run's pidfile: a rerun's reap would find it
-        store = RunStore(str(out))
-        wait_until(lambda: store.exists(TRAINER_UP), 120, what="the taken trainer to load its model")
-        assert store.read_json(TRAINER_UP)["pid"] == warm["pid"]
-        assert "starting at step 0" in log_path.read_text()  # the run's log, not the fleet's
-
-        controller.kill()
-        controller.wait()
-        wait_until(
-            lambda: not running(warm["pid"], warm["started"]), 60, what="the trainer to go with its run"
-        )
-        wait_until(lambda: keeper.keep() or keeper.starts == 2, 30, what="a fresh warm trainer")
-        fresh = json.loads(wait_until(lambda: _read(keeper.spool / "warm.json"), 120, what="it to wait"))
-        assert fresh["pid"] != warm["pid"] and keeper.process.alive()
-        assert not (keeper.spool / "claimed.json").exists()
-    finally:
-        keeper.stop()
-    assert not keeper.process.alive()
 
 
 @pytest.mark.e2e

@@ -34,7 +34,7 @@ class Sizing:
     row_tokens: int  # the rows' width (orchestrator.seq_len)
     fit_rows: int  # the most rows that fit `usable_bytes` (0: not even one)
     free_bytes: int  # what the trainer's allocator could still get, its step's state held
-    later_bytes: int  # what it allocates only after its first step (the weight transport's buffers)
+    later_bytes: int  # taken only after the sizing: the weight transport's buffers, a process beside it
     usable_bytes: int  # free less later, the margin and the headroom
     row_bytes: int  # peak bytes one row's forward and backward adds (0: not measured)
     fixed_bytes: int = 0  # the part of row_bytes a micro-batch pays once, however many rows
@@ -56,8 +56,8 @@ class Sizing:
         cap = "" if self.asked_rows is None else f", at most the {self.asked_rows} asked"
         return (
             f"{self.rows} rows of {self.row_tokens} tokens = {self.tokens} tokens a micro-batch{cap} "
-            f"(free {self.free_bytes / GIB:.1f} GiB, {self.later_bytes / GIB:.1f} GiB kept for the "
-            f"weight transport, usable {self.usable_bytes / GIB:.1f} GiB; "
+            f"(free {self.free_bytes / GIB:.1f} GiB, {self.later_bytes / GIB:.1f} GiB kept for "
+            f"the weight transport and any process beside it, usable {self.usable_bytes / GIB:.1f} GiB; "
             f"{self.token_bytes / (1 << 20):.3f} MiB a token, {self.row_bytes / GIB:.2f} GiB a row of "
             f"which {self.fixed_bytes / GIB:.2f} once a micro-batch: {self.fit_rows} rows fit)"
         )

@@ -1,7 +1,13 @@
 """The fleet's side of its warm processes: for each replica slot, one warm trainer (fleet/warm.py)
 and one warm controller (fleet/controller.py) waiting, a fresh one after each run that took one.
 One that exits without a run (it failed its imports) is started again after `RETRY_S`, its log
-named."""
+named.
+
+On a fleet with GPUs the fresh one starts as soon as a run takes the waiting one (`early`): it pays
+its imports and its compile while the run trains, so a run that comes right after finds it ready
+(a host with GPUs has the cores; on a CPU box it would take them from the run, so there it starts
+when the run ends). A trainer whose compile's GPU memory is unknown (the compile failed) is held
+back from compiling until the run's trainer is gone, whose sizing left nothing for it."""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import json
 import logging
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rlfleet.fleet.state import fleet_dir
@@ -26,8 +33,10 @@ class WarmKeeper:
 
     RETRY_S = 30.0
 
-    def __init__(self, home: Path, kind: str, slot: int, args: list[str], env: dict[str, str]):
-        self.kind = kind
+    def __init__(
+        self, home: Path, kind: str, slot: int, args: list[str], env: dict[str, str], early: bool = False
+    ):
+        self.kind, self.early = kind, early
         self.spool = spool(home, kind, slot)
         self.process = ManagedProcess(
             name=f"{kind}_{slot}",
@@ -36,24 +45,30 @@ class WarmKeeper:
             pidfile=home / "run" / f"{kind}_{slot}.pid",
             env={"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **env},
         )
+        self.taken: list[ManagedProcess] = []  # taken by runs, still running them
         self.starts = 0
         self.released = False
+        self._held_back = False  # a fresh trainer that compiles once the taken ones are gone
         self._retry_at = 0.0
 
     @classmethod
-    def trainer(cls, home: Path, slot: int, gpu_ids: list[str], model: str, dtype: str) -> WarmKeeper:
+    def trainer(
+        cls, home: Path, slot: int, gpu_ids: list[str], model: str, dtype: str, early: bool = False
+    ) -> WarmKeeper:
         env = {"CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)} if gpu_ids else {}
-        return cls(home, "trainer", slot, [model, dtype], env)
+        return cls(home, "trainer", slot, [model, dtype], env, early)
 
     @classmethod
-    def controller(cls, home: Path, slot: int, model: str) -> WarmKeeper:
-        return cls(home, "controller", slot, [model], {})
+    def controller(cls, home: Path, slot: int, model: str, early: bool = False) -> WarmKeeper:
+        return cls(home, "controller", slot, [model], {}, early)
 
-    def start(self) -> WarmKeeper:
+    def start(self, hold_back: bool = False) -> WarmKeeper:
         clear(self.spool)
+        self.process = replace(self.process, proc=None)
         self.process.start()
         self.starts += 1
-        if self.released:
+        self._held_back = hold_back
+        if self.released and not hold_back:
             (self.spool / GO).touch()
         return self
 
@@ -79,8 +94,18 @@ class WarmKeeper:
             return False
 
     def keep(self) -> None:
-        """Start a fresh warm process once the last one is gone (it ran a run, or failed)."""
-        if self.process.alive() or time.monotonic() < self._retry_at:
+        """Start a fresh warm process once the last one is taken by a run (`early`) or gone (it ran a
+        run, or failed)."""
+        self.taken = [p for p in self.taken if p.alive()]
+        if self._held_back and not self.taken:
+            self._held_back = False
+            if self.released:
+                (self.spool / GO).touch()
+        if self.process.alive():
+            if self.early and (self.spool / CLAIMED).exists():
+                self._next_beside_run()
+            return
+        if time.monotonic() < self._retry_at:
             return
         if (self.spool / CLAIMED).exists():
             log.info(
@@ -100,7 +125,20 @@ class WarmKeeper:
         self._retry_at = 0.0
         self.start()
 
+    def _next_beside_run(self) -> None:
+        """The waiting process was taken by a run and is done with the spool: keep it as the run's
+        (its pidfile moves aside: starting the next must not reap it), start the next beside it."""
+        taken = self.process
+        gpu_bytes = _ready_gpu_bytes(self.spool)
+        pidfile = taken.pidfile.with_name(f"{taken.pidfile.stem}.taken-{taken.pid}.pid")
+        taken.pidfile.rename(pidfile)
+        self.taken.append(replace(taken, pidfile=pidfile))
+        log.info("a run took the warm %s (pid %s): starting the next beside it", self.kind, taken.pid)
+        self.start(hold_back=self.kind == "trainer" and gpu_bytes is None)
+
     def stop(self) -> None:
+        for taken in self.taken:  # the fleet's own processes all go with it, runs' included
+            taken.stop()
         self.process.stop()
         clear(self.spool)
 
@@ -120,6 +158,14 @@ def clear(spool: Path) -> None:
     for f in spool.iterdir():
         if f.is_file():
             f.unlink(missing_ok=True)
+
+
+def _ready_gpu_bytes(spool: Path) -> int | None:
+    """The GPU memory a warm trainer's compile took, as it wrote in `ready` (fleet/warm.py)."""
+    try:
+        return json.loads((spool / READY).read_text())["gpu_bytes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def warm(name: str, slots: int) -> list[dict[str, bool]]:

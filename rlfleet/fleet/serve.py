@@ -3,7 +3,7 @@ are, keep them serving until SIGTERM or SIGINT (`rlfleet fleet down NAME` sends 
 dies is relaunched by the pool's watch (inference/pool.py), from the base model; a run attached to
 it waits for it and loads its own weights on it again (`InferencePool._rejoin`). A Prefect server
 that dies is started again here, and a fresh warm trainer (fleet/warm.py) and warm controller
-(fleet/controller.py) after each run that took one (fleet/keeper.py)."""
+(fleet/controller.py) for each one a run took (fleet/keeper.py)."""
 
 from __future__ import annotations
 
@@ -62,11 +62,12 @@ def serve(cfg: FleetConfig, stop: threading.Event, ready: threading.Event | None
     pool, api = InferencePool(job), FleetApi(cfg, home)
     n = cfg.inference.num_replicas
     m = cfg.model
+    early = bool(cfg.gpu_ids or cfg.trainer_gpu_ids)  # the next warm ones start beside a run (keeper.py)
     trainers = [
-        WarmKeeper.trainer(home, i, cfg.trainer_gpu_ids[i : i + 1], m.path, m.dtype) for i in range(n)
+        WarmKeeper.trainer(home, i, cfg.trainer_gpu_ids[i : i + 1], m.path, m.dtype, early) for i in range(n)
     ]
     trainers = trainers if cfg.trainer else []
-    warm = trainers + [WarmKeeper.controller(home, i, m.path) for i in range(n)]
+    warm = trainers + [WarmKeeper.controller(home, i, m.path, early) for i in range(n)]
     try:
         pool.start()
         api.start()  # beside the replicas

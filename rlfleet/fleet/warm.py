@@ -17,9 +17,14 @@ the run started does, by PR_SET_PDEATHSIG). The fleet then starts a fresh one: n
 or compiled graph passes from one run to the next (the precompiled graphs are the base model's,
 traced before any run, and hold no weights).
 
+On a GPU fleet the fleet starts the next warm process as soon as a run takes this one
+(fleet/keeper.py), and it compiles beside the run on the same GPU: `ready` holds the GPU memory
+this one's compile took, and the run's trainer sizes its micro-batches leaving that much free.
+
 Files in `<fleet dir>/<name>/trainer/<slot>/`: `warm.json` (the waiting process: pid and start
-time), `go` and `ready` (above), and `job.json` (a run's hand-off; the process renames it to
-`claimed.json` as it takes it)."""
+time), `go` and `ready` (above), and `job.json` (a run's hand-off). The process takes the job by
+renaming it to a name of its own, reads it, then renames it `claimed.json`: from then on it needs
+nothing in the directory, which is the next warm process's."""
 
 from __future__ import annotations
 
@@ -51,6 +56,7 @@ from rlfleet.procs import (
 log = logging.getLogger("rlfleet.fleet")
 JOB = "job.json"
 CLAIM_TIMEOUT_S = 60.0  # a warm process still importing takes the job when its imports are done
+CONTEXT_BYTES = 1 << 30  # a process's CUDA context and libraries, outside torch's allocator
 
 
 class Job(TypedDict):
@@ -68,23 +74,20 @@ def serve_one(spool: Path, model: str | None = None, dtype: str = "float32") -> 
     write_json_atomic(spool / WARM, this_process())
     from rlfleet.config.loader import load
     from rlfleet.config.models import TrainerJobConfig
+    from rlfleet.trainer.budget import leave_free
     from rlfleet.trainer.rl import run_trainer  # the imports a trainer pays, paid now
 
     while not (spool / GO).exists():  # the replicas sharing its GPU are up
         time.sleep(POLL_S)
+    ready: Ready = {"gpu_bytes": None}
     if model is not None:
         try:
-            print(f"precompiled {model} ({dtype}) in {precompile(model, dtype):.1f} s", flush=True)
+            seconds, ready["gpu_bytes"] = precompile(model, dtype)
+            print(f"precompiled {model} ({dtype}) in {seconds:.1f} s", flush=True)
         except Exception as e:  # noqa: BLE001 - the run's trainer then compiles, as a cold one does
             print(f"precompile of {model} failed, the run's trainer compiles: {e!r}", flush=True)
-    (spool / READY).touch()
-    while True:
-        try:
-            os.rename(spool / JOB, spool / CLAIMED)  # atomic: taken once
-            break
-        except FileNotFoundError:
-            time.sleep(POLL_S)
-    job: Job = json.loads((spool / CLAIMED).read_text())
+    write_json_atomic(spool / READY, ready)
+    job = _take(spool)
     os.setsid()  # out of the fleet's process group: the run's trainer now
     redirect_output(job["log"])  # the run's trainer log, as a trainer the run started writes
     os.environ.update(job["env"])
@@ -92,6 +95,9 @@ def serve_one(spool: Path, model: str | None = None, dtype: str = "float32") -> 
         target=_die_with_controller, args=(job,), name="rlfleet-controller-watch", daemon=True
     ).start()
     log_lines()
+    if ready["gpu_bytes"]:  # the fleet's next warm trainer compiles beside this run, on its GPU
+        leave_free(ready["gpu_bytes"])
+        log.info("leaving %.1f GiB of the GPU to the fleet's next warm trainer", ready["gpu_bytes"] / 2**30)
     code = 1
     try:  # what `rlfleet trainer @ trainer.toml` runs
         run_trainer(load(TrainerJobConfig, ["@", job["config"]]))
@@ -101,10 +107,29 @@ def serve_one(spool: Path, model: str | None = None, dtype: str = "float32") -> 
     return code
 
 
-def precompile(model: str, dtype: str) -> float:
+class Ready(TypedDict):
+    gpu_bytes: int | None  # GPU memory the precompile took (0 on a CPU); None: it did not run
+
+
+def _take(spool: Path) -> Job:
+    """Wait for a run's job and take it: once, atomically, and done with `spool` on return."""
+    mine = spool / f"job.{os.getpid()}.json"
+    while True:
+        try:
+            os.rename(spool / JOB, mine)
+            break
+        except FileNotFoundError:
+            time.sleep(POLL_S)
+    job: Job = json.loads(mine.read_text())
+    os.rename(mine, spool / CLAIMED)
+    return job
+
+
+def precompile(model: str, dtype: str) -> tuple[float, int]:
     """Build `model` as a trainer with default settings does on this device, run its warm-up (one
     forward and backward: kernels, FSDP, compiled layers and LM head), then drop model, optimizer and
-    process group; returns the seconds."""
+    process group; returns the seconds and the GPU memory it took at its peak, this process's CUDA
+    context counted (`CONTEXT_BYTES`), 0 on a CPU."""
     import gc
 
     import torch
@@ -117,15 +142,17 @@ def precompile(model: str, dtype: str) -> float:
 
     start = time.perf_counter()
     par, policy, optimizer = build(TrainerJobConfig(model=ModelConfig(path=model, dtype=dtype)), model)
+    gpu = par.device.type == "cuda"
     try:
         warm_up(policy, par)
+        peak = torch.cuda.max_memory_reserved(par.device) + CONTEXT_BYTES if gpu else 0
     finally:
         del policy, optimizer
         teardown(par)
         gc.collect()
-        if torch.cuda.is_available():
+        if gpu:
             torch.cuda.empty_cache()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, peak
 
 
 def _die_with_controller(job: Job) -> None:

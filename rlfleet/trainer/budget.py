@@ -25,6 +25,15 @@ log = logging.getLogger("rlfleet.trainer")
 # The probe's short row: its cost per token, scaled to a full row, decides activation
 # checkpointing before a full row (which might not fit) runs.
 SHORT_ROW = 1024
+# GPU memory a process beside this trainer takes while it trains: a fleet's next warm trainer,
+# compiling on the same GPU (fleet/warm.py). The sizing leaves it free.
+_beside_bytes = 0
+
+
+def leave_free(nbytes: int) -> None:
+    """Size micro-batches leaving `nbytes` of the GPU to a process that allocates them later."""
+    global _beside_bytes
+    _beside_bytes = nbytes
 
 
 class TokenBudget:
@@ -80,7 +89,7 @@ class TokenBudget:
         then."""
         par, policy, requested = self.par, self.policy, self.cfg.trainer.micro_batch_tokens
         init_optimizer_state(self.optimizer)  # as the first step would; checkpoint buffers may have already
-        later = transport_bytes(self.cfg, policy)
+        later = transport_bytes(self.cfg, policy) + _beside_bytes
         short = min(width, SHORT_ROW)
         with torch.random.fork_rng(devices=[par.device] if par.device.type == "cuda" else []):
             while True:
