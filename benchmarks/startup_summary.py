@@ -73,6 +73,12 @@ def bars() -> list[Bar]:
         ("rlfleet k = 2 cold, 1st (11-29 c)", "learning_vs_trl_h200_1gpu_cold_seq_e", "rlfleet/k2"),
         ("TRL cold, 2nd (11-29 c)", "learning_vs_trl_h200_1gpu_cold_seq_e", "trl/sync"),
         ("rlfleet k = 2 cold, 3rd (11-29 c)", "learning_vs_trl_h200_1gpu_cold_seq_f", "rlfleet/k2"),
+        ("TRL cold (11-29 d)", "fleet_back_to_back_h200_1gpu", "trl/sync"),
+        ("rlfleet fleet, 1st of 3 back to back", "fleet_back_to_back_h200_1gpu", "rlfleet/k2_fleet_a"),
+        ("rlfleet fleet, 2nd of 3 back to back", "fleet_back_to_back_h200_1gpu", "rlfleet/k2_fleet_b"),
+        ("rlfleet fleet, 3rd of 3 back to back", "fleet_back_to_back_h200_1gpu", "rlfleet/k2_fleet_c"),
+        ("TRL cold, 1st (11-29 e)", "learning_vs_trl_h200_1gpu_cold_seq_g", "trl/sync"),
+        ("rlfleet k = 2 cold, 2nd (11-29 e)", "learning_vs_trl_h200_1gpu_cold_seq_g", "rlfleet/k2"),
     ):
         out.append(
             {
@@ -124,7 +130,10 @@ def plot(rows: list[Bar], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = list(dict.fromkeys(r["panel"] for r in rows))
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 6), dpi=110)
+    counts = [sum(r["panel"] == p for r in rows) for p in panels]  # a bar's height the same in each
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(9, 1.2 + 0.28 * sum(counts)), dpi=110, height_ratios=counts
+    )
     for ax, panel in zip(axes, panels, strict=True):
         mine = [r for r in rows if r["panel"] == panel]
         colors = ["tab:gray" if r["label"].startswith("TRL") else "tab:blue" for r in mine]
