@@ -58,3 +58,56 @@ def test_a_caller_that_comes_while_the_warm_controller_imports_runs_in_it(tmp_pa
     finally:
         warm.kill()
         warm.wait()
+
+
+def test_an_early_fleet_has_the_next_warm_controller_listening_while_a_run_runs_in_the_last(
+    tiny_model, tmp_path
+):
+    """`early` (a fleet with GPUs): the moment a caller's command runs in the warm controller, the
+    fleet starts the next, which listens on the same address while the first still runs; the next
+    caller's command runs there, not in the busy one."""
+    from rlfleet.config.loader import to_toml
+    from rlfleet.config.model import ModelConfig
+    from rlfleet.config.models import TrainerJobConfig
+    from rlfleet.fleet.keeper import WarmKeeper
+
+    me = this_process()
+    state_path("t").parent.mkdir(parents=True)
+    write_json_atomic(
+        state_path("t"), {"name": "t", "pid": me["pid"], "started": me["started"], "urls": ["u"]}
+    )
+    keeper = WarmKeeper.controller(fleet_dir() / "t", 0, str(tiny_model), early=True).start()
+    job = TrainerJobConfig(output_dir=str(tmp_path / "a"), model=ModelConfig(path=str(tiny_model)))
+    (tmp_path / "a.toml").write_text(to_toml(job))
+    # a trainer job: it waits for batches that never come, until its caller goes
+    running_caller = subprocess.Popen(
+        [sys.executable, "-c", CALLER, "trainer", "@", str(tmp_path / "a.toml")]
+    )
+    try:
+        assert keeper.wait_ready(300)
+        wait_until(
+            lambda: _claimed_by(keeper.spool) == running_caller.pid,
+            120,
+            what="the caller's command to run in the warm controller",
+        )
+        first = keeper.process
+        wait_until(lambda: keeper.keep() or keeper.process is not first, 30, what="the next one")
+        assert keeper.wait_ready(300)  # listening and imported while the run goes on
+        out = subprocess.run(
+            [sys.executable, "-c", CALLER, "--no-such-command"], capture_output=True, text=True, timeout=300
+        ).stdout
+        assert out.splitlines()[-1] == "exit 2"  # rlfleet's usage error, from the next warm controller
+        assert _claimed_by(keeper.spool) != running_caller.pid
+        assert first.alive() and [t.pid for t in keeper.taken] == [first.pid]  # still running the first
+    finally:
+        running_caller.kill()
+        running_caller.wait()
+        keeper.stop()
+    assert not keeper.process.alive() and not first.alive()
+
+
+def _claimed_by(slot) -> int | None:
+    try:
+        return json.loads((slot / CLAIMED).read_text())["pid"]
+    except (OSError, ValueError):
+        return None
