@@ -139,6 +139,11 @@ def test_an_early_fleet_has_the_next_warm_trainer_ready_while_a_run_trains_on_th
         wait_until(lambda: keeper.keep() or keeper.starts == 3, 30, what="a third warm trainer")
         assert len(keeper.taken) == 2
         pids = [first["pid"], nxt["pid"], _waiting(keeper)["pid"]]
+        moved = lambda: sorted((tmp_path / "t" / "run").glob("trainer_0.taken-*.pid"))  # noqa: E731
+        assert len(moved()) == 2
+        runs[0].kill()  # its trainer goes with it; the fleet forgets it, and its pidfile
+        wait_until(lambda: keeper.keep() or len(keeper.taken) == 1, 60, what="the first run's trainer to go")
+        assert len(moved()) == 1 and not running(first["pid"], first["started"])
     finally:
         keeper.stop()
         for run in runs:

@@ -96,7 +96,9 @@ class WarmKeeper:
     def keep(self) -> None:
         """Start a fresh warm process once the last one is taken by a run (`early`) or gone (it ran a
         run, or failed)."""
-        self.taken = [p for p in self.taken if p.alive()]
+        for gone in [p for p in self.taken if not p.alive()]:
+            gone.pidfile.unlink(missing_ok=True)
+            self.taken.remove(gone)
         if self._held_back and not self.taken:
             self._held_back = False
             if self.released:
