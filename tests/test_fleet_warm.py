@@ -5,6 +5,7 @@ waiting, on a GPU fleet from the moment a run takes the last one."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from rlfleet.config.loader import to_toml
 from rlfleet.config.model import ModelConfig
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.fleet.keeper import WarmKeeper
+from rlfleet.guard import die_with_parent
 from rlfleet.procs import pid_alive, running, wait_until
 from rlfleet.store import RunStore
 from rlfleet.store.layout import TRAINER_UP
@@ -55,6 +57,7 @@ class Run:
             ],
             stdout=subprocess.PIPE,
             text=True,
+            preexec_fn=die_with_parent(signal.SIGKILL),  # a suite killed outright leaves none behind
         )
         self.trainer_pid = int(self.controller.stdout.readline())
 
