@@ -129,8 +129,9 @@ def precompile(model: str, dtype: str) -> tuple[float, int]:
     """Build `model` as a trainer with default settings does on this device, run its warm-up (one
     forward and backward: kernels, FSDP, compiled layers and LM head) and, on a GPU, make its
     checkpoint host copy once (pinned memory, which torch keeps for the run's trainer: a run on a
-    fleet made it for 6.5 s before its step 0), then drop model, optimizer and process group; returns the seconds and the GPU memory it took at its peak, this process's CUDA
-    context counted (`CONTEXT_BYTES`), 0 on a CPU."""
+    fleet made it for 6.5 s before its step 0), then drop model, optimizer and process group.
+    Returns the seconds and the GPU memory it took at its peak, this process's CUDA context
+    counted (`CONTEXT_BYTES`), 0 on a CPU."""
     import gc
 
     import torch
