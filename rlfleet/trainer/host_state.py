@@ -11,7 +11,6 @@ precompile makes them once for the run that takes it: fleet/warm.py)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,9 +23,9 @@ def host_like(state: Any, pinned: bool) -> Any:
     """`state` (nested dicts, lists and tuples) with every tensor replaced by host memory of its
     shape (a DTensor by a DTensor whose local tensor is such memory, as torch's own host copies do);
     contents undefined. Other values as they are."""
-    sizes: list[int] = []
-    _map(state, lambda t: sizes.append(_nbytes(_local(t))) if _stored(t) else None)
-    views = iter(_carve(sizes, pinned))
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    views = iter(_carve([_nbytes(_local(t)) for t in tree_leaves(state) if _stored(t)], pinned))
 
     def host(t: torch.Tensor) -> torch.Tensor:
         local = _local(t)
@@ -45,7 +44,7 @@ def host_like(state: Any, pinned: bool) -> Any:
         out._local_tensor = mine
         return out
 
-    return _map(state, lambda x: host(x) if isinstance(x, torch.Tensor) else x)
+    return tree_map(lambda x: host(x) if isinstance(x, torch.Tensor) else x, state)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -77,13 +76,3 @@ def _carve(sizes: list[int], pinned: bool) -> list[torch.Tensor]:
         views.append(chunk[used : used + size])
         used += -(-size // ALIGN) * ALIGN
     return views
-
-
-def _map(obj: Any, fn: Callable[[Any], Any]) -> Any:
-    if isinstance(obj, dict):
-        return {k: _map(v, fn) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_map(v, fn) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_map(v, fn) for v in obj)
-    return fn(obj)
