@@ -40,6 +40,14 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny"
 
 
+def read_text(path: Path) -> str | None:
+    """The file's text, or None while it does not exist (for `wait_until` on a file another process writes)."""
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
 def free_port() -> int:
     """A loopback port free now, below Linux's ephemeral range (32768-60999): a port the kernel hands
     out for port 0 is also what it gives the suite's outgoing connections as their source ports, and

@@ -35,7 +35,7 @@ from rlfleet.runs.configs import preflight, resolve
 from rlfleet.store import RunStore
 from rlfleet.store.layout import TRAINER_UP
 from rlfleet.store.records import read_steps
-from tests.helpers import free_port, prompt_logprobs, rl_config
+from tests.helpers import free_port, prompt_logprobs, read_text, rl_config
 
 
 @pytest.fixture(autouse=True)
@@ -462,7 +462,7 @@ def test_a_run_on_a_fleet_runs_in_its_warm_controller_and_goes_with_its_caller(
 
         caller = subprocess.Popen(command("b", 50), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         claimed = fleet_dir() / "t" / "controller" / "0" / "claimed.json"
-        wait_until(lambda: _read(claimed) and json.loads(_read(claimed))["pid"] == caller.pid, 120)
+        wait_until(lambda: read_text(claimed) and json.loads(read_text(claimed))["pid"] == caller.pid, 120)
         wait_until(
             lambda: _lock("t").get("run") == str(tmp_path / "b"), 120, what="run b to hold the replica"
         )
@@ -481,16 +481,11 @@ def _controller() -> dict:
     spool = fleet_dir() / "t" / "controller" / "0"
     return json.loads(
         wait_until(
-            lambda: (spool / "ready").exists() and _read(spool / "warm.json"), 120, what="a warm controller"
+            lambda: (spool / "ready").exists() and read_text(spool / "warm.json"),
+            120,
+            what="a warm controller",
         )
     )
-
-
-def _read(path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
 
 
 @pytest.mark.e2e
@@ -509,7 +504,7 @@ def test_an_ablation_on_a_fleet_runs_its_children_at_once_one_replica_each(tiny_
         urls = read_state("t")["urls"]
         warm = {
             json.loads(
-                wait_until(lambda i=i: _read(fleet_dir() / "t" / "trainer" / str(i) / "warm.json"), 120)
+                wait_until(lambda i=i: read_text(fleet_dir() / "t" / "trainer" / str(i) / "warm.json"), 120)
             )["pid"]
             for i in range(2)
         }

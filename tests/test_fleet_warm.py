@@ -20,18 +20,12 @@ from rlfleet.guard import die_with_parent
 from rlfleet.procs import pid_alive, running, wait_until
 from rlfleet.store import RunStore
 from rlfleet.store.layout import TRAINER_UP
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
+from tests.helpers import read_text
 
 
 def _waiting(keeper: WarmKeeper) -> dict:
     """The warm trainer now waiting in the keeper's spool (pid, start time), once it says so."""
-    return json.loads(wait_until(lambda: _read(keeper.spool / "warm.json"), 120, what="a warm trainer"))
+    return json.loads(wait_until(lambda: read_text(keeper.spool / "warm.json"), 120, what="a warm trainer"))
 
 
 class Run:
