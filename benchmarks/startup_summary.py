@@ -79,6 +79,8 @@ def bars() -> list[Bar]:
         ("rlfleet fleet, 3rd of 3 back to back", "fleet_back_to_back_h200_1gpu", "rlfleet/k2_fleet_c"),
         ("TRL cold, 1st (11-29 e)", "learning_vs_trl_h200_1gpu_cold_seq_g", "trl/sync"),
         ("rlfleet k = 2 cold, 2nd (11-29 e)", "learning_vs_trl_h200_1gpu_cold_seq_g", "rlfleet/k2"),
+        ("TRL cold, 1st (11-29 f)", "learning_vs_trl_h200_1gpu_cold_seq_h", "trl/sync"),
+        ("rlfleet k = 2 cold, 2nd (11-29 f)", "learning_vs_trl_h200_1gpu_cold_seq_h", "rlfleet/k2"),
     ):
         out.append(
             {
