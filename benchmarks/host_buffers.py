@@ -10,7 +10,7 @@ sharded by FSDP2 on one rank:
   freed pinned blocks: a process that made them once, such as a warm trainer, makes them again so);
 - `flat`: one pinned allocation the size of the whole state, a view per tensor, nothing copied;
 - `chunks`: what HostCopy does now (`rlfleet/trainer/host_state.py`): views into pinned chunks of
-  256 MiB, a DTensor's spec from a host copy of it.
+  256 MiB, each DTensor rewrapped with its own spec (no copy of its data).
 
 Each `--variant` in its own process.
 

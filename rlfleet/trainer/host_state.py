@@ -1,16 +1,16 @@
 """Host memory shaped like a trainer's sharded state (each rank's shards of the model and optimizer),
 for the checkpoint's host copy (checkpoint.py `HostCopy`).
 
-torch's `_create_cpu_state_dict(pin_memory=True)` pins each tensor apart: for the 0.5B shape's 6.5 GB
-it took 15.1 s on an H200, 2.9 s for SmolLM2's 1.7 GB (`benchmarks/host_buffers.py`). Here the
-tensors are views into few allocations of `CHUNK` bytes: one pinned allocation of SmolLM2's whole
-state took 1.25 s, 4.3 s at 0.5B. `CHUNK` is a power of two, as torch's pinned allocator rounds
+torch's `_create_cpu_state_dict(pin_memory=True)` copies each tensor to the host, then pins a copy
+of it: for the 0.5B shape's 6.5 GB 12.3-15.1 s on an H200, 2.0-2.9 s for SmolLM2's 1.7 GB
+(`benchmarks/host_buffers.py`). Here the tensors are views into few allocations of `CHUNK` bytes and
+nothing is copied: 4.0-4.3 s at 0.5B on the host where one allocation of it all took 3.2-3.4 s.
+`CHUNK` is a power of two, as torch's pinned allocator rounds
 every allocation up to one, and keeps what is freed for the next of that size (a warm trainer's
 precompile makes them once for the run that takes it: fleet/warm.py)."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ def host_like(state: Any, pinned: bool) -> Any:
     """`state` (nested dicts, lists and tuples) with every tensor replaced by host memory of its
     shape (a DTensor by a DTensor whose local tensor is such memory, as torch's own host copies do);
     contents undefined. Other values as they are."""
+    from torch.distributed.tensor import DTensor
     from torch.utils._pytree import tree_leaves, tree_map
 
     views = iter(_carve([_nbytes(_local(t)) for t in tree_leaves(state) if _stored(t)], pinned))
@@ -38,11 +39,9 @@ def host_like(state: Any, pinned: bool) -> Any:
         )
         if local is t:
             return mine
-        # the DTensor's spec on the host, made as torch's _create_cpu_state_dict makes it: a new
-        # DTensor (`to` returns the same one when it is on the host already)
-        out = t.to("cpu") if t.device.type != "cpu" else copy.deepcopy(t)
-        out._local_tensor = mine
-        return out
+        # a new DTensor of the same spec around the host memory: what torch's _create_cpu_state_dict
+        # makes, without the copy of the data it makes to get there (`t.to("cpu")`, a deepcopy)
+        return DTensor(mine, t._spec, requires_grad=False)
 
     return tree_map(lambda x: host(x) if isinstance(x, torch.Tensor) else x, state)
 
