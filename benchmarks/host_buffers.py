@@ -8,9 +8,11 @@ sharded by FSDP2 on one rank:
   tensor copied to the host, then a pinned copy of it (one pinned allocation per tensor);
 - `per_tensor_again`: the same once more after the first was dropped (torch's host allocator keeps
   freed pinned blocks: a process that made them once, such as a warm trainer, makes them again so);
-- `flat`: one pinned allocation the size of the whole state, a view per tensor, nothing copied;
+- `flat`: one pinned allocation the size of the whole state (rounded up to a power of two by torch's
+  allocator), a view per tensor, nothing copied;
 - `chunks`: what HostCopy does now (`rlfleet/trainer/host_state.py`): views into pinned chunks of
-  256 MiB, each DTensor rewrapped with its own spec (no copy of its data).
+  256 MiB or a larger power of two, each DTensor rewrapped with its own spec (no copy of its data);
+  `chunks_pinned_bytes` is what they pin.
 
 Each `--variant` in its own process.
 
@@ -91,6 +93,21 @@ def flat(sd: dict[str, Any]) -> list[torch.Tensor]:
     return views
 
 
+def pinned_bytes(sd: dict[str, Any]) -> int:
+    """The pinned memory under `sd`'s tensors: each allocation rounded up to a power of two, as
+    torch's pinned allocator makes it."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_leaves
+
+    storages = {
+        s.data_ptr(): s.nbytes()
+        for t in tree_leaves(sd)
+        if isinstance(t, torch.Tensor) and t.dim() > 0
+        for s in [(t._local_tensor if isinstance(t, DTensor) else t).untyped_storage()]
+    }
+    return sum(1 << (n - 1).bit_length() for n in storages.values() if n)
+
+
 def timed(fn: Any) -> tuple[float, Any]:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -125,7 +142,8 @@ def main() -> None:
     elif a.variant == "chunks":
         from rlfleet.trainer.host_state import host_like
 
-        results["chunks_s"], _ = timed(lambda: host_like(sd, pinned=True))
+        results["chunks_s"], host = timed(lambda: host_like(sd, pinned=True))
+        results["chunks_pinned_bytes"] = pinned_bytes(host)
     else:
         results["per_tensor_s"], first = timed(lambda: _create_cpu_state_dict(sd, pin_memory=True))
         del first

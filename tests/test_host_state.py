@@ -45,6 +45,21 @@ def test_the_host_copy_has_the_states_shape_in_disjoint_memory_and_takes_torchs_
     assert copied["optim"]["state"]["w"]["none"].shape == (0, 2)
 
 
+def test_a_tensor_larger_than_a_chunk_shares_its_power_of_two_allocation_with_smaller_ones(monkeypatch):
+    """torch's pinned allocator rounds each allocation up to a power of two: a 600-byte tensor gets
+    1,024 bytes, and the six small ones fill the rest instead of pinning chunks of their own."""
+    monkeypatch.setattr(host_state, "CHUNK", 256)
+    state = {"big": torch.randn(150), **{f"s{i}": torch.full((16,), float(i)) for i in range(6)}}
+    host = host_like(state, pinned=False)
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in host.values()}
+    assert list(storages.values()) == [1024]
+    for i, t in enumerate(host.values()):  # no two views share a byte
+        t.fill_(i + 1)
+    assert [t.unique().tolist() for t in host.values()] == [[float(i + 1)] for i in range(7)]
+    copied = _copy_state_dict(state, host)
+    assert all(torch.equal(copied[k], state[k]) for k in state)
+
+
 def test_a_sharded_states_host_copy_keeps_its_dtensors(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

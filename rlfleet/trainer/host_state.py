@@ -3,11 +3,11 @@ for the checkpoint's host copy (checkpoint.py `HostCopy`).
 
 torch's `_create_cpu_state_dict(pin_memory=True)` copies each tensor to the host, then pins a copy
 of it: for the 0.5B shape's 6.5 GB 12.3-15.1 s on an H200, 2.0-2.9 s for SmolLM2's 1.7 GB
-(`benchmarks/host_buffers.py`). Here the tensors are views into few allocations of `CHUNK` bytes and
-nothing is copied: 4.0-4.3 s at 0.5B on the host where one allocation of it all took 3.2-3.4 s.
-`CHUNK` is a power of two, as torch's pinned allocator rounds
-every allocation up to one, and keeps what is freed for the next of that size (a warm trainer's
-precompile makes them once for the run that takes it: fleet/warm.py)."""
+(`benchmarks/host_buffers.py`). Here the tensors are views into few allocations and nothing is
+copied: 2.3-3.6 s at 0.5B, 6.7 GB pinned, where one allocation of it all took 3.0 s. Each
+allocation is `CHUNK` bytes, or a larger power of two for a larger tensor: torch's pinned allocator
+rounds every allocation up to one, and keeps what is freed for the next of that size (a warm
+trainer's precompile makes them once for the run that takes it: fleet/warm.py)."""
 
 from __future__ import annotations
 
@@ -62,16 +62,23 @@ def _stored(t: Any) -> bool:
 
 
 def _carve(sizes: list[int], pinned: bool) -> list[torch.Tensor]:
-    """One uint8 view per size, in order: packed into `CHUNK`s, any larger one its own allocation."""
-    views: list[torch.Tensor] = []
-    chunk, used = None, CHUNK
-    for size in sizes:
-        if size > CHUNK:
-            views.append(torch.empty(size, dtype=torch.uint8, pin_memory=pinned))
-            continue
-        if used + size > CHUNK:
-            chunk, used = torch.empty(CHUNK, dtype=torch.uint8, pin_memory=pinned), 0
-        assert chunk is not None
-        views.append(chunk[used : used + size])
-        used += -(-size // ALIGN) * ALIGN
-    return views
+    """One uint8 view per size, in order, from allocations whose sizes are powers of two (torch's
+    pinned allocator rounds each up to one: a 544 MB embedding alone would pin 1 GiB). First fit,
+    largest first, into allocations of `CHUNK` or, for a larger tensor, its size rounded up, whose
+    rest the smaller ones fill."""
+    views: dict[int, torch.Tensor] = {}
+    chunks: list[torch.Tensor] = []
+    used: list[int] = []
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        size = sizes[i]
+        k = next((k for k, c in enumerate(chunks) if used[k] + size <= c.numel()), len(chunks))
+        if k == len(chunks):
+            chunks.append(torch.empty(max(CHUNK, _pow2(size)), dtype=torch.uint8, pin_memory=pinned))
+            used.append(0)
+        views[i] = chunks[k][used[k] : used[k] + size]
+        used[k] += -(-size // ALIGN) * ALIGN
+    return [views[i] for i in range(len(sizes))]
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
