@@ -26,7 +26,7 @@ def _state() -> dict:
 
 
 def test_the_host_copy_has_the_states_shape_in_disjoint_memory_and_takes_torchs_copy(monkeypatch):
-    monkeypatch.setattr(host_state, "CHUNK", 128)  # several chunks, and a tensor larger than one
+    monkeypatch.setattr(host_state, "CHUNK", 128)  # two tensors larger than a chunk, a small one beside them
     state = _state()
     host = host_like(state, pinned=False)
     assert host["optim"]["param_groups"] == state["optim"]["param_groups"]
