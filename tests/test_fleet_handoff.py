@@ -79,12 +79,14 @@ def test_an_early_fleet_has_the_next_warm_controller_listening_while_a_run_runs_
     keeper = WarmKeeper.controller(fleet_dir() / "t", 0, str(tiny_model), early=True).start()
     job = TrainerJobConfig(output_dir=str(tmp_path / "a"), model=ModelConfig(path=str(tiny_model)))
     (tmp_path / "a.toml").write_text(to_toml(job))
+    # the caller comes once the warm controller listens: one that came before would run its
+    # command itself (hand_off's None), which the first test covers from the other side
+    assert keeper.wait_ready(300)
     # a trainer job: it waits for batches that never come, until its caller goes
     running_caller = subprocess.Popen(
         [sys.executable, "-c", CALLER, "trainer", "@", str(tmp_path / "a.toml")]
     )
     try:
-        assert keeper.wait_ready(300)
         wait_until(
             lambda: _claimed_by(keeper.spool) == running_caller.pid,
             120,
