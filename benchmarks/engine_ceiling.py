@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from long_tail import PEAK_VARIANTS, engine_peak, prepare_model
+from engine_peak import PEAK_VARIANTS, engine_peak
+from eos_model import prepare_model
 from vs_trl import SHAPES, versions
 
 SEED_IDS = [1, 70, 71, 72]  # BOS + "abc" in the tiny tokenizer

@@ -2,7 +2,7 @@
 
 The lengths come from the model's own EOS: random init samples EOS at a steady rate per token, so
 lengths are geometric, clipped at max_tokens (the tiny model's 128 ids: 1/128; `--eos-rate` tunes
-a larger vocabulary's model to 4/max_tokens, see `tune_eos`). The repeat reward is per="completion"
+a larger vocabulary's model to 4/max_tokens, see eos_model.py). The repeat reward is per="completion"
 (the letter's share of the completion) so RL does not push every sample to max_tokens. Both
 frameworks get the same weights, prompts, reward and optimizer (vs_trl.py's pieces); TRL runs
 `--trl-steps` of them. Also measured: the engine's peak, one vLLM server started as rlfleet starts
@@ -29,25 +29,24 @@ a checkout directory of that name (named NAME@GITREF; that ref must know RepeatA
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
 import tomllib
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from engine_peak import PEAK_VARIANTS, engine_peak
+from eos_model import prepare_model
 from trl_match import trl_batch
 from trl_servers import placement, sampler, sampler_arguments, visible_gpus
 from trl_worker import processes_argument
-from vs_trl import DIFFERS, ROOT, SHAPES, positions_for, run_rlfleet, run_trl, trl_spec, versions
+from vs_trl import DIFFERS, ROOT, SHAPES, run_rlfleet, run_trl, trl_spec, versions
 
 # per device: the job (micro = rlfleet's micro_batch_size: packed rows when seq_len > 0), TRL's steps and
 # micro-batch (sequences), the peak's tokens per request
@@ -156,190 +155,6 @@ def length_summary(lengths: list[list[int]], max_tokens: int) -> dict[str, Any]:
     }
 
 
-def tune_eos(model: Path, rate: float, positions: int = 1024, seed: int = 0) -> dict[str, float]:
-    """Make EOS about this likely per token, in any context: hidden dimension 0 becomes a constant
-    that no layer reads or writes (its embedding column one weight's size, its rows of o_proj and
-    down_proj and its input-norm weights 0), so after the final norm it is ~constant / rms(x); the
-    LM head reads EOS, and only EOS, from it with the weight that makes the mean P(EOS) over
-    `positions` random-token positions `rate`. The rest of the model is untouched; saved in its dtype."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(dev)
-    dtype, eos = json.loads((model / "config.json").read_text())["dtype"], m.config.eos_token_id
-    emb, head = m.get_input_embeddings().weight, m.get_output_embeddings().weight
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        emb[:, 0] = emb[:, 1:].std()
-        for layer in m.model.layers:
-            layer.self_attn.o_proj.weight[0] = layer.mlp.down_proj.weight[0] = 0.0
-            layer.input_layernorm.weight[0] = layer.post_attention_layernorm.weight[0] = 0.0
-        head[:, 0] = 0.0
-        ids = torch.randint(3, m.config.vocab_size, (1, positions), generator=g).to(dev)
-        h = m.model(ids).last_hidden_state[0]
-        base = h @ head.T
-        lo, hi = 0.0, 1e5
-        for _ in range(80):  # bisect the weight: P(EOS) rises with it (h[:, 0] > 0)
-            w = (lo + hi) / 2
-            logits = base.clone()
-            logits[:, eos] += w * h[:, 0]
-            p = torch.softmax(logits, -1)[:, eos]
-            lo, hi = (w, hi) if p.mean().item() < rate else (lo, w)
-        head[eos, 0] = w
-    m.to("cpu", getattr(torch, dtype)).save_pretrained(model, safe_serialization=True)
-    q = p.quantile(torch.tensor([0.1, 0.9], device=p.device)).tolist()
-    return {"eos_rate": p.mean().item(), "eos_rate_p10": q[0], "eos_rate_p90": q[1], "head_weight": w}
-
-
-def prepare_model(tmp: Path, shape: dict[str, Any], max_model_len: int, max_tokens: int, rate: float | None):
-    """The random-init model both frameworks load, with RoPE positions for max_model_len and (rate
-    None: if 1/vocab would run most samples to max_tokens) EOS tuned to `rate` (default 4/max_tokens),
-    in a subprocess so that this process never holds a CUDA context; (path, what tune_eos reports)."""
-    from rlfleet.trainer.tiny import make_tiny_model
-
-    model = make_tiny_model(tmp / "model", seed=0, **shape)
-    positions_for(model, max_model_len)
-    cfg = json.loads((model / "config.json").read_text())
-    if rate is None:
-        rate = 0.0 if 1 / cfg["vocab_size"] >= 2 / max_tokens else 4 / max_tokens
-    if not rate:
-        return model, {"tuned": False, "natural_eos_rate": 1 / cfg["vocab_size"]}
-    cmd = [sys.executable, __file__, "--_tune-eos", str(model), str(rate), str(max_model_len)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
-    return model, {"tuned": True, "target": rate} | json.loads(out)
-
-
-# How the peak's requests are sent. as_sent: as rlfleet's sampler sends a trajectory (vLLM's
-# token-in/token-out endpoint, streamed, the sampled token's logprob, no detokenizing); n8: a group
-# as one request; generate: the same endpoint answered whole; completions*: the OpenAI completions
-# endpoint the sampler used before 82e88c1, whole or streamed (the sampler's way then), with or
-# without the logprob. The server's detokenizer and per-token logprob objects, not the engine, were
-# the ceiling on an H100 (docs/benchmarks/long-generations.md, the serving path): these tell its parts apart.
-PEAK_VARIANTS = {
-    "as_sent": {"n": 1, "logprobs": True, "stream": True, "endpoint": "generate"},
-    "n8": {"n": 8, "logprobs": True, "stream": True, "endpoint": "generate"},
-    "generate": {"n": 1, "logprobs": True, "endpoint": "generate"},
-    "completions": {"n": 1, "logprobs": True, "endpoint": "completions"},
-    "completions_stream": {"n": 1, "logprobs": True, "stream": True, "endpoint": "completions"},
-    "completions_no_logprobs": {"n": 1, "logprobs": False, "endpoint": "completions"},
-}
-
-
-async def _burst(
-    url: str,
-    c: int,
-    max_tokens: int,
-    seed_ids: list[int],
-    n: int = 1,
-    logprobs: bool = True,
-    stream: bool = False,
-    endpoint: str = "completions",
-) -> int:
-    """C sequences at once (C/n requests of n), `ignore_eos`; the tokens they generated."""
-    import httpx
-
-    from rlfleet.inference.server import SERVED_NAME
-    from rlfleet.orchestrator.sampler import GENERATE, generate_body
-
-    if endpoint == "generate":  # the sampler's own request (all these variants ask for the logprob)
-        path, body = GENERATE, generate_body(seed_ids, n, max_tokens, stream=stream, ignore_eos=True)
-    else:
-        path = "v1/completions"
-        params = {"max_tokens": max_tokens, "temperature": 1.0, "n": n, "ignore_eos": True}
-        body = {"model": SERVED_NAME, "prompt": seed_ids, "return_token_ids": True, "stream": stream} | params
-        if logprobs:
-            body |= {"logprobs": 0, "return_tokens_as_token_ids": True}
-
-    async def one(client: httpx.AsyncClient) -> int:
-        if not stream:
-            resp = (await client.post(f"{url}/{path}", json=body)).raise_for_status()
-            return sum(len(ch["token_ids"]) for ch in resp.json()["choices"])
-        tokens = 0
-        async with client.stream("POST", f"{url}/{path}", json=body) as resp:
-            async for line in resp.raise_for_status().aiter_lines():
-                if line.startswith("data: {"):
-                    tokens += sum(len(ch.get("token_ids") or []) for ch in json.loads(line[6:])["choices"])
-        return tokens
-
-    # clients of 32 requests, as the sampler spreads its streams (orchestrator/sampler.py)
-    clients = [
-        httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=None))
-        for _ in range(-(-c // n // 32))
-    ]
-    try:
-        return sum(await asyncio.gather(*(one(clients[i // 32]) for i in range(c // n))))
-    finally:
-        for client in clients:
-            await client.aclose()
-
-
-def _profile(pid: int, seconds: float, out: Path) -> subprocess.Popen | None:
-    """py-spy over the server and its engine core while a burst runs (benchmarks only; None
-    without py-spy on PATH): where the serving path's CPU goes."""
-    if not shutil.which("py-spy"):
-        return None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--duration", str(int(seconds))]
-    cmd += ["--rate", "50", "--format", "raw", "--nonblocking", "-o", str(out)]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(out.with_suffix(".log"), "w"))
-
-
-def engine_peak(
-    cfg: Any,
-    concurrency: list[int],
-    max_tokens: int,
-    variants: list[str],
-    reps: int = 2,
-    profile: Path | None = None,
-) -> dict[str, Any]:
-    """One vLLM server started as rlfleet's flow starts it (placement, launch_replicas), then, for
-    each C, C sequences at once (a few prompt ids, `ignore_eos`, max_tokens each, sent as the
-    sampler sends them): generated tokens over the wall time of the burst, the best of `reps`
-    bursts after one warm-up burst. Each other variant (PEAK_VARIANTS) runs at the first C only.
-    `profile`: a directory for py-spy's stacks of the server and engine core over each variant's
-    first burst."""
-    from rlfleet.config.gpu_defaults import gpu_defaults
-    from rlfleet.config.placement import assign_gpus
-    from rlfleet.inference.server import launch_replicas, stop_replicas
-
-    inf, train = assign_gpus(cfg.deployment)
-    cfg = gpu_defaults(cfg, inf, train)
-    t0 = time.perf_counter()
-    replicas = launch_replicas(cfg.inference_job(inf))
-    out: dict[str, Any] = {
-        "start_s": time.perf_counter() - t0,
-        "max_tokens": max_tokens,
-        "by_concurrency": {},
-    }
-    runs = [("as_sent", c) for c in concurrency] + [(v, concurrency[0]) for v in variants if v != "as_sent"]
-    try:
-        url, seed_ids = replicas[0].url, [1, 70, 71, 72]  # BOS + "abc" in the tiny tokenizer
-        warm = PEAK_VARIANTS["as_sent"]
-        asyncio.run(
-            _burst(url, concurrency[0], max_tokens, seed_ids, **warm)
-        )  # a fresh server's first bursts are slow
-        for variant, c in runs:
-            tries = []
-            for rep in range(reps):
-                spy = (
-                    _profile(replicas[0].process.pid, 20, profile / f"{variant}_{c}.txt")
-                    if profile and not rep
-                    else None
-                )
-                t = time.perf_counter()
-                tokens = asyncio.run(_burst(url, c, max_tokens, seed_ids, **PEAK_VARIANTS[variant]))
-                tries.append(tokens / (time.perf_counter() - t))
-                if spy:
-                    spy.wait()
-            key = str(c) if variant == "as_sent" else f"{c}_{variant}"
-            out["by_concurrency"][key] = {"tokens": tokens, "tokens_per_s": max(tries), "tries": tries}
-            print(f"engine peak C={c} {variant}: {max(tries):.0f} tokens/s (best of {tries})", flush=True)
-    finally:
-        stop_replicas(replicas)
-    return out
-
-
 def save_partial(out: str, env: dict[str, Any], results: dict[str, Any]) -> None:
     """What the runs so far measured, beside `out` (a run cut off by a time limit keeps them)."""
     path = Path(out).with_suffix(".partial.json")
@@ -414,8 +229,6 @@ def job_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] == "--_tune-eos":
-        return print(json.dumps(tune_eos(Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))))
     ap = job_arguments(argparse.ArgumentParser())
     ap.add_argument("--steps", type=int, default=None, help="rlfleet's steps (default: 4 cpu, 10 cuda)")
     ap.add_argument("--trl-steps", type=int, default=None, help="TRL's steps (default: 2 cpu, 5 cuda)")

@@ -35,10 +35,10 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from eos_model import prepare_model
 from long_tail import (
     job_arguments,
     parse_variants,
-    prepare_model,
     rollout_records,
     run_config,
     run_variant,

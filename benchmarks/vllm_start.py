@@ -36,7 +36,7 @@ from typing import Any
 from unittest.mock import patch
 
 from common import rl_config, table, write
-from long_tail import engine_peak
+from engine_peak import engine_peak
 
 from rlfleet.inference.vllm_main import SERVER
 
