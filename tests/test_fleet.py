@@ -251,7 +251,6 @@ def _trainer_pid(out) -> int:
     return RunStore(str(out)).read_json(TRAINER_UP)["pid"]
 
 
-@pytest.mark.e2e
 def _samples_from_base(tiny_model, out) -> float:
     """How far run `out`'s step-0 sampled logprobs are from the base model's, teacher-forced by HF."""
     from transformers import AutoModelForCausalLM
@@ -271,6 +270,7 @@ def _lock(name: str) -> dict:
     return json.loads((fleet_dir() / f"{name}.0.lock").read_text() or "{}")
 
 
+@pytest.mark.e2e
 def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefect_api, tmp_path):
     """Run A trains on the fleet and, finished, loads the base model back onto its replica (marked
     clean: run B skips that load). An eval then leaves run A's checkpoint there (unmarked), and run C,
