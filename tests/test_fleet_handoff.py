@@ -79,8 +79,8 @@ def test_an_early_fleet_has_the_next_warm_controller_listening_while_a_run_runs_
     keeper = WarmKeeper.controller(fleet_dir() / "t", 0, str(tiny_model), early=True).start()
     job = TrainerJobConfig(output_dir=str(tmp_path / "a"), model=ModelConfig(path=str(tiny_model)))
     (tmp_path / "a.toml").write_text(to_toml(job))
-    # the caller comes once the warm controller listens: one that came before would run its
-    # command itself (hand_off's None), which the first test covers from the other side
+    # the caller comes once the warm controller is ready: one that came before it listened would
+    # run its command itself (the next test)
     assert keeper.wait_ready(300)
     # a trainer job: it waits for batches that never come, until its caller goes
     running_caller = subprocess.Popen(
@@ -106,6 +106,18 @@ def test_an_early_fleet_has_the_next_warm_controller_listening_while_a_run_runs_
         running_caller.wait()
         keeper.stop()
     assert not keeper.process.alive() and not first.alive()
+
+
+def test_a_caller_that_finds_no_warm_controller_listening_runs_the_command_itself_and_says_so(capsys):
+    me = this_process()
+    state_path("t").parent.mkdir(parents=True)
+    write_json_atomic(
+        state_path("t"), {"name": "t", "pid": me["pid"], "started": me["started"], "urls": ["u"]}
+    )
+    from rlfleet.fleet.handoff import hand_off
+
+    assert hand_off("t", ["rl"]) is None
+    assert "no warm controller of fleet 't' is free" in capsys.readouterr().err
 
 
 def _claimed_by(slot) -> int | None:

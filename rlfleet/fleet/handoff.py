@@ -73,6 +73,11 @@ def hand_off(name: str, argv: list[str]) -> int | None:
             continue
         conn.settimeout(None)  # the run takes as long as it takes
         return _wait(replies, int(json.loads(line)["pid"]))
+    print(
+        f"rlfleet: no warm controller of fleet {name!r} is free (each runs a run, or none listens yet);"
+        " this process runs the command, paying its own imports",
+        file=sys.stderr,
+    )
     return None
 
 
