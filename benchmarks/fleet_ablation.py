@@ -1,0 +1,195 @@
+"""An ablation grid on a warm fleet against one of its children alone (docs/fleet.md, "An ablation
+grid on the fleet"): `rlfleet fleet up` once with N replicas (on a GPU host one GPU each, its warm
+trainer beside it), then one grid point alone (`rlfleet rl --fleet`), then the `ablation` flow over
+N points of `trainer.lr`, whose children run at once, one replica each. Each wall is timed from its
+command's start to its end; the figure is the grid's wall over the child's alone (goal <= 1.3).
+
+    python benchmarks/fleet_ablation.py --out benchmarks/results/fleet_ablation_cpu_2core.json
+    python benchmarks/fleet_ablation.py --gpus 0,1,2,3 --model /tmp/models/smollm2 \
+        --job examples/smollm2/rl.toml --steps 20 --logs /tmp/abl_logs --out fleet_ablation_h200x4.json
+
+On a CPU box the replicas share its cores, so the ratio there says only that the path runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from common import ROOT, free_port, table, tiny_model, write
+
+GRID = """
+import json, sys
+from rlfleet.fleet.api import use_fleet_api
+use_fleet_api(sys.argv[1])  # the fleet's Prefect API, as `rlfleet rl --fleet` uses it
+from rlfleet.config.loader import load
+from rlfleet.config.models import RLConfig
+from rlfleet.flows.ablation import ablation
+rows = ablation(base=load(RLConfig, sys.argv[3:]), grid=json.loads(sys.argv[2]))
+print("ROWS", json.dumps(rows))
+"""
+
+
+def steps_of(out: Path) -> list[dict[str, Any]]:
+    from rlfleet.store import RunStore
+    from rlfleet.store.records import read_steps
+
+    return read_steps(RunStore(str(out)))
+
+
+def timed(argv: list[str], log: Path, env: dict[str, str]) -> tuple[float, float]:
+    """(start, wall) of a command run to its end; its output in `log`."""
+    t0 = time.time()
+    with log.open("w") as f:
+        subprocess.run(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, check=True)
+    return t0, time.time() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "--gpus", help="CUDA devices, one replica and its warm trainer on each (default: the CPU)"
+    )
+    ap.add_argument(
+        "--replicas", type=int, default=2, help="on the CPU: the fleet's replicas and grid points"
+    )
+    ap.add_argument("--model", help="the base model (default: the tiny one, made here)")
+    ap.add_argument("--job", default=str(ROOT / "examples" / "tiny" / "rl.toml"))
+    ap.add_argument("--fleet-config", help="default: fleet.toml beside --job")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--logs", help="a directory to keep the fleet's, the runs' and the children's logs in")
+    ap.add_argument("--out", required=True)
+    a, extra = ap.parse_known_args()  # any other `--section.key value`: every run's, as `rlfleet rl` takes it
+    gpus = a.gpus.split(",") if a.gpus else []
+    n = len(gpus) or a.replicas
+    fleet_toml = Path(a.fleet_config or Path(a.job).parent / "fleet.toml")
+    name = tomllib.loads(fleet_toml.read_text())["name"]
+    lr = tomllib.loads(Path(a.job).read_text()).get("trainer", {}).get("lr", 1e-5)
+    grid = {"trainer.lr": [lr * f for f in (1, 2, 0.5, 4, 0.25, 8, 0.125, 16)[:n]]}
+    gpu_args = ["--inference.gpu-memory-utilization", "0.45"] if gpus else []
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        model = Path(a.model) if a.model else tiny_model(tmp)
+        env = os.environ | {
+            "RLFLEET_FLEET_DIR": str(tmp / "fleets"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        }
+        env.pop("PREFECT_API_URL", None)  # the fleet's own
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        up = [
+            sys.executable,
+            "-m",
+            "rlfleet.cli",
+            "fleet",
+            "up",
+            "@",
+            str(fleet_toml),
+            "--model.path",
+            str(model),
+        ]
+        up += [
+            "--inference.num-replicas",
+            str(n),
+            "--inference.port",
+            str(free_port()),
+            "--api-port",
+            str(free_port()),
+        ]
+        if gpus:  # a replica on each GPU, its warm trainer beside it
+            ids = json.dumps([str(i) for i in range(n)])
+            up += ["--gpu-ids", ids, "--trainer-gpu-ids", ids, *gpu_args]
+        run = ["@", a.job, "--model.path", str(model), "--max-steps", str(a.steps), "--fleet", name]
+        run += ["--wandb.mode", "disabled", *gpu_args, *extra]
+        run += ["--deployment.num-train-gpus", "1"] if gpus else []
+        t0 = time.time()
+        fleet_log = tmp / "fleet.log"
+        fleet = subprocess.Popen(up, cwd=ROOT, env=env, stdout=fleet_log.open("w"), stderr=subprocess.STDOUT)
+        try:
+            while f"fleet {name} up" not in fleet_log.read_text():
+                if fleet.poll() is not None:
+                    raise RuntimeError(fleet_log.read_text()[-3000:])
+                time.sleep(0.5)
+            fleet_up_s = time.time() - t0
+            print(f"fleet {name} up, {n} replicas: {fleet_up_s:.1f} s", flush=True)
+            alone_out = tmp / "alone"
+            point = ["--trainer.lr", str(grid["trainer.lr"][0])]
+            start, alone_wall = timed(
+                [sys.executable, "-m", "rlfleet.cli", "rl", *run, "--output-dir", str(alone_out), *point],
+                tmp / "alone.log",
+                env,
+            )
+            alone = {"wall_s": alone_wall, "first_step_s": steps_of(alone_out)[0]["finished_at"] - start}
+            print("alone", alone, flush=True)
+            grid_argv = [
+                sys.executable,
+                "-c",
+                GRID,
+                name,
+                json.dumps(grid),
+                *run,
+                "--output-dir",
+                str(tmp / "grid"),
+            ]
+            start, grid_wall = timed(grid_argv, tmp / "grid.log", env)
+            rows = json.loads((tmp / "grid.log").read_text().split("ROWS ", 1)[1].splitlines()[0])
+            children = []
+            for row in rows:
+                steps = steps_of(Path(row["output_dir"])) if row.get("output_dir") else []
+                children.append(
+                    {k: row.get(k) for k in ("point", "state", "median_step_s", "tokens_per_s")}
+                    | (
+                        {
+                            "first_step_s": steps[0]["finished_at"] - start,
+                            "end_s": steps[-1]["finished_at"] - start,
+                        }
+                        if steps
+                        else {}
+                    )
+                )
+            print("grid", grid_wall, children, flush=True)
+        finally:
+            fleet.terminate()
+            fleet.wait(120)
+            if a.logs:
+                logs = Path(a.logs)
+                logs.mkdir(parents=True, exist_ok=True)
+                for log in [*tmp.glob("*.log"), *(tmp / "grid" / "ablation").glob("*.log")]:
+                    shutil.copy(log, logs / log.name)
+                shutil.copytree(tmp / "fleets" / name / "logs", logs / "fleet_logs", dirs_exist_ok=True)
+    write(
+        a.out,
+        {
+            "job": f"{a.job}, {a.steps} steps, on fleet {name} ({fleet_toml})",
+            "gpus": gpus,
+            "replicas": n,
+            "grid": grid,
+            "extra": extra,
+            "loadavg_at_end": os.getloadavg(),
+            "fleet_up_s": fleet_up_s,
+            "alone": alone,
+            "grid_wall_s": grid_wall,
+            "children": children,
+            "grid_over_alone": grid_wall / alone_wall,
+        },
+    )
+    table(
+        "wall from the command's start (s)",
+        ["run", "wall", "first step"],
+        [["one child alone", alone_wall, alone["first_step_s"]]]
+        + [[f"grid: {c['point']}", c.get("end_s"), c.get("first_step_s")] for c in children]
+        + [[f"grid of {n} / alone", grid_wall / alone_wall, ""]],
+    )
+
+
+if __name__ == "__main__":
+    main()
