@@ -1,7 +1,8 @@
 """An ablation grid on a warm fleet against one of its children alone (docs/fleet.md, "An ablation
 grid on the fleet"): `rlfleet fleet up` once with N replicas (on a GPU host one GPU each, its warm
 trainer beside it), then one grid point alone (`rlfleet rl --fleet`), then the `ablation` flow over
-N points of `trainer.lr`, whose children run at once, one replica each. Each wall is timed from its
+N points of `trainer.lr`, whose children run at once, one replica each; each once every replica's
+warm controller and warm trainer wait ready again. Each wall is timed from its
 command's start to its end; the figure is the grid's wall over the child's alone (goal <= 1.3).
 
     python benchmarks/fleet_ablation.py --out benchmarks/results/fleet_ablation_cpu_2core.json
@@ -52,6 +53,20 @@ def timed(argv: list[str], log: Path, env: dict[str, str]) -> tuple[float, float
     with log.open("w") as f:
         subprocess.run(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, check=True)
     return t0, time.time() - t0
+
+
+def all_warm(name: str, n: int, fleet_dir: Path, fleet: subprocess.Popen, limit_s: float = 600.0) -> float:
+    """Seconds until every replica slot's warm controller and warm trainer wait ready (a fresh one
+    starts after each run, and a GPU trainer compiles first): both figures are a warm fleet's."""
+    from rlfleet.fleet.keeper import warm
+
+    os.environ["RLFLEET_FLEET_DIR"] = str(fleet_dir)
+    t0 = time.time()
+    while not all(all(w.values()) for w in warm(name, n)):
+        if fleet.poll() is not None or time.time() - t0 > limit_s:
+            raise RuntimeError(f"fleet {name} not all warm after {time.time() - t0:.0f} s: {warm(name, n)}")
+        time.sleep(0.5)
+    return time.time() - t0
 
 
 def main() -> None:
@@ -120,7 +135,8 @@ def main() -> None:
                     raise RuntimeError(fleet_log.read_text()[-3000:])
                 time.sleep(0.5)
             fleet_up_s = time.time() - t0
-            print(f"fleet {name} up, {n} replicas: {fleet_up_s:.1f} s", flush=True)
+            fleet_up_s += all_warm(name, n, tmp / "fleets", fleet)
+            print(f"fleet {name} up and warm, {n} replicas: {fleet_up_s:.1f} s", flush=True)
             alone_out = tmp / "alone"
             point = ["--trainer.lr", str(grid["trainer.lr"][0])]
             start, alone_wall = timed(
@@ -129,6 +145,7 @@ def main() -> None:
                 env,
             )
             alone = {"wall_s": alone_wall, "first_step_s": steps_of(alone_out)[0]["finished_at"] - start}
+            alone["then_warm_again_s"] = all_warm(name, n, tmp / "fleets", fleet)
             print("alone", alone, flush=True)
             grid_argv = [
                 sys.executable,
