@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TypedDict
 
 from rlfleet.fleet.state import fleet_dir
 from rlfleet.procs import ManagedProcess, running, wait_until
@@ -26,6 +27,12 @@ log = logging.getLogger("rlfleet.fleet")
 # that took it, and the fleet's word that its replicas serve (a trainer compiles only then)
 WARM, READY, CLAIMED, GO = "warm.json", "ready", "claimed.json", "go"
 POLL_S = 0.05
+
+
+class Ready(TypedDict):
+    """What a warm trainer writes to READY (fleet/warm.py), and the fleet reads back."""
+
+    gpu_bytes: int | None  # GPU memory the precompile took (0 on a CPU); None: it did not run
 
 
 class WarmKeeper:
@@ -163,9 +170,10 @@ def clear(spool: Path) -> None:
 
 
 def _ready_gpu_bytes(spool: Path) -> int | None:
-    """The GPU memory a warm trainer's compile took, as it wrote in `ready` (fleet/warm.py)."""
+    """The GPU memory a warm trainer's compile took, as it wrote in READY."""
     try:
-        return json.loads((spool / READY).read_text())["gpu_bytes"]
+        ready: Ready = json.loads((spool / READY).read_text())
+        return ready["gpu_bytes"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from rlfleet.fleet.attach import held_slot
-from rlfleet.fleet.keeper import CLAIMED, GO, POLL_S, READY, WARM, spool
+from rlfleet.fleet.keeper import CLAIMED, GO, POLL_S, READY, WARM, Ready, spool
 from rlfleet.fleet.state import fleet_dir, read_state, write_json_atomic
 from rlfleet.procs import (
     ManagedProcess,
@@ -105,10 +105,6 @@ def serve_one(spool: Path, model: str | None = None, dtype: str = "float32") -> 
     finally:
         Path(job["exit_file"]).write_text(str(code))
     return code
-
-
-class Ready(TypedDict):
-    gpu_bytes: int | None  # GPU memory the precompile took (0 on a CPU); None: it did not run
 
 
 def _take(spool: Path) -> Job:
