@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import uvicorn
     from transformers import PreTrainedModel
 
+    from rlfleet.config.fleet import FleetConfig
     from rlfleet.config.models import RLConfig, SFTConfig
     from rlfleet.trainer.sft_data import Example
 
@@ -113,6 +114,17 @@ def rl_config(
     for k, v in overrides.items():
         args += [f"--{k}", v]
     return load(RLConfig, args)
+
+
+def fleet_config(model: Path, port: int, **inference) -> FleetConfig:
+    """Fleet "t" of `model`, its replicas from `port` (test_fleet*.py)."""
+    from rlfleet.config.fleet import FleetConfig
+    from rlfleet.config.inference import InferenceConfig
+    from rlfleet.config.model import ModelConfig
+
+    return FleetConfig(
+        name="t", model=ModelConfig(path=str(model)), inference=InferenceConfig(port=port, **inference)
+    )
 
 
 def example_config(tiny_model: Path, out: Path, *extra: str) -> SFTConfig:
@@ -347,6 +359,13 @@ def random_records(
             {"group": i // 4, **single_turn(prompt, completion, logprobs), "advantage": advantage(rng, i)}
         )
     return out
+
+
+def buffered_groups(store) -> set[str]:
+    """The uids of the groups the rollout stream holds in `store`'s buffer (test_stream*.py)."""
+    from rlfleet.store import layout
+
+    return {layout.group_uid(p) for p in store.fs.glob(store.path(layout.buffered_group("*")))}
 
 
 def stream_record(version: int, newest: int | None = None, reward: float = 0.5) -> dict:
