@@ -95,6 +95,24 @@ def rl_config(model: Path, out: Path, *args: str) -> RLConfig:
     return load(RLConfig, [*base, *args])
 
 
+def start_fleet(
+    fleet_toml: Path, args: list[str], env: dict[str, str], log: Path
+) -> tuple[subprocess.Popen, float]:
+    """`rlfleet fleet up @ fleet_toml ARGS` in the background, returned once it logs that it is up
+    (its replicas serve): the process, which the caller stops, and the seconds that took."""
+    import tomllib
+
+    name = tomllib.loads(fleet_toml.read_text())["name"]
+    t0 = time.time()
+    argv = [sys.executable, "-m", "rlfleet.cli", "fleet", "up", "@", str(fleet_toml), *args]
+    fleet = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    while f"fleet {name} up" not in log.read_text():
+        if fleet.poll() is not None:
+            raise RuntimeError(f"fleet {name} exited ({fleet.returncode}):\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    return fleet, time.time() - t0
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 

@@ -26,7 +26,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, free_port, table, tiny_model, write
+from common import ROOT, free_port, start_fleet, table, tiny_model, write
 
 GRID = """
 import json, sys
@@ -101,40 +101,16 @@ def main() -> None:
         env.pop("PREFECT_API_URL", None)  # the fleet's own
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        up = [
-            sys.executable,
-            "-m",
-            "rlfleet.cli",
-            "fleet",
-            "up",
-            "@",
-            str(fleet_toml),
-            "--model.path",
-            str(model),
-        ]
-        up += [
-            "--inference.num-replicas",
-            str(n),
-            "--inference.port",
-            str(free_port()),
-            "--api-port",
-            str(free_port()),
-        ]
+        up = ["--model.path", str(model), "--inference.num-replicas", str(n)]
+        up += ["--inference.port", str(free_port()), "--api-port", str(free_port())]
         if gpus:  # a replica on each GPU, its warm trainer beside it
             ids = json.dumps([str(i) for i in range(n)])
             up += ["--gpu-ids", ids, "--trainer-gpu-ids", ids, *gpu_args]
         run = ["@", a.job, "--model.path", str(model), "--max-steps", str(a.steps), "--fleet", name]
         run += ["--wandb.mode", "disabled", *gpu_args, *extra]
         run += ["--deployment.num-train-gpus", "1"] if gpus else []
-        t0 = time.time()
-        fleet_log = tmp / "fleet.log"
-        fleet = subprocess.Popen(up, cwd=ROOT, env=env, stdout=fleet_log.open("w"), stderr=subprocess.STDOUT)
+        fleet, fleet_up_s = start_fleet(fleet_toml, up, env, tmp / "fleet.log")
         try:
-            while f"fleet {name} up" not in fleet_log.read_text():
-                if fleet.poll() is not None:
-                    raise RuntimeError(fleet_log.read_text()[-3000:])
-                time.sleep(0.5)
-            fleet_up_s = time.time() - t0
             fleet_up_s += all_warm(name, n, tmp / "fleets", fleet)
             print(f"fleet {name} up and warm, {n} replicas: {fleet_up_s:.1f} s", flush=True)
             alone_out = tmp / "alone"

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, free_port, machine, median, table, tiny_model, write
+from common import ROOT, free_port, machine, median, start_fleet, table, tiny_model, write
 
 JOB = ROOT / "examples" / "tiny" / "rl.toml"
 
@@ -116,29 +116,12 @@ def main() -> None:
             for i in range(a.reps):
                 runs["cold"].append(first_step(model, tmp / f"cold_{i}", free_port(), None, env, cold_args))
                 print("cold", runs["cold"][-1], flush=True)
-        up = [
-            sys.executable,
-            "-m",
-            "rlfleet.cli",
-            "fleet",
-            "up",
-            "@",
-            str(ROOT / "examples" / "tiny" / "fleet.toml"),
-        ]
-        up += ["--model.path", str(model), "--inference.port", str(port), "--api-port", str(free_port())]
+        up = ["--model.path", str(model), "--inference.port", str(port), "--api-port", str(free_port())]
         if gpus:  # the ids as CUDA_VISIBLE_DEVICES names them: the replica's first, the trainer's last
             up += ["--gpu-ids", f'["{gpus[0]}"]', "--trainer-gpu-ids", f'["{gpus[-1]}"]']
             up += ["--inference.gpu-memory-utilization", "0.45"] if len(gpus) == 1 else []
-        t0 = time.time()
-        fleet = subprocess.Popen(
-            up, cwd=ROOT, env=env, stdout=(tmp / "fleet.log").open("w"), stderr=subprocess.STDOUT
-        )
+        fleet, fleet_up_s = start_fleet(ROOT / "examples" / "tiny" / "fleet.toml", up, env, tmp / "fleet.log")
         try:
-            while "fleet tiny up" not in (tmp / "fleet.log").read_text():
-                if fleet.poll() is not None:
-                    raise RuntimeError((tmp / "fleet.log").read_text()[-3000:])
-                time.sleep(0.5)
-            fleet_up_s = time.time() - t0
             pairs = (
                 [("fleet", i) for i in range(a.reps)]
                 if gpus
