@@ -55,12 +55,11 @@ def timed(argv: list[str], log: Path, env: dict[str, str]) -> tuple[float, float
     return t0, time.time() - t0
 
 
-def all_warm(name: str, n: int, fleet_dir: Path, fleet: subprocess.Popen, limit_s: float = 600.0) -> float:
+def all_warm(name: str, n: int, fleet: subprocess.Popen, limit_s: float = 600.0) -> float:
     """Seconds until every replica slot's warm controller and warm trainer wait ready (a fresh one
     starts after each run, and a GPU trainer compiles first): both figures are a warm fleet's."""
     from rlfleet.fleet.keeper import warm
 
-    os.environ["RLFLEET_FLEET_DIR"] = str(fleet_dir)
     t0 = time.time()
     while not all(all(w.values()) for w in warm(name, n)):
         if fleet.poll() is not None or time.time() - t0 > limit_s:
@@ -94,10 +93,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         model = Path(a.model) if a.model else tiny_model(tmp)
-        env = os.environ | {
-            "RLFLEET_FLEET_DIR": str(tmp / "fleets"),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        }
+        os.environ["RLFLEET_FLEET_DIR"] = str(tmp / "fleets")  # the fleet's, read here too (all_warm)
+        env = os.environ | {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
         env.pop("PREFECT_API_URL", None)  # the fleet's own
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
@@ -111,7 +108,7 @@ def main() -> None:
         run += ["--deployment.num-train-gpus", "1"] if gpus else []
         fleet, fleet_up_s = start_fleet(fleet_toml, up, env, tmp / "fleet.log")
         try:
-            fleet_up_s += all_warm(name, n, tmp / "fleets", fleet)
+            fleet_up_s += all_warm(name, n, fleet)
             print(f"fleet {name} up and warm, {n} replicas: {fleet_up_s:.1f} s", flush=True)
             alone_out = tmp / "alone"
             point = ["--trainer.lr", str(grid["trainer.lr"][0])]
@@ -121,7 +118,7 @@ def main() -> None:
                 env,
             )
             alone = {"wall_s": alone_wall, "first_step_s": steps_of(alone_out)[0]["finished_at"] - start}
-            alone["then_warm_again_s"] = all_warm(name, n, tmp / "fleets", fleet)
+            alone["then_warm_again_s"] = all_warm(name, n, fleet)
             print("alone", alone, flush=True)
             grid_argv = [
                 sys.executable,

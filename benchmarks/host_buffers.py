@@ -99,13 +99,15 @@ def pinned_bytes(sd: dict[str, Any]) -> int:
     from torch.distributed.tensor import DTensor
     from torch.utils._pytree import tree_leaves
 
+    from rlfleet.trainer.host_state import pinned_size
+
     storages = {
         s.data_ptr(): s.nbytes()
         for t in tree_leaves(sd)
         if isinstance(t, torch.Tensor) and t.dim() > 0
         for s in [(t._local_tensor if isinstance(t, DTensor) else t).untyped_storage()]
     }
-    return sum(1 << (n - 1).bit_length() for n in storages.values() if n)
+    return sum(pinned_size(n) for n in storages.values() if n)
 
 
 def timed(fn: Any) -> tuple[float, Any]:

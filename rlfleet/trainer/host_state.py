@@ -73,12 +73,13 @@ def _carve(sizes: list[int], pinned: bool) -> list[torch.Tensor]:
         size = sizes[i]
         k = next((k for k, c in enumerate(chunks) if used[k] + size <= c.numel()), len(chunks))
         if k == len(chunks):
-            chunks.append(torch.empty(max(CHUNK, _pow2(size)), dtype=torch.uint8, pin_memory=pinned))
+            chunks.append(torch.empty(max(CHUNK, pinned_size(size)), dtype=torch.uint8, pin_memory=pinned))
             used.append(0)
         views[i] = chunks[k][used[k] : used[k] + size]
         used[k] += -(-size // ALIGN) * ALIGN
     return [views[i] for i in range(len(sizes))]
 
 
-def _pow2(n: int) -> int:
+def pinned_size(n: int) -> int:
+    """What torch's pinned allocator allocates for `n` bytes: `n` rounded up to a power of two."""
     return 1 << (n - 1).bit_length()
