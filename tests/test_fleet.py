@@ -149,8 +149,13 @@ def test_an_attached_run_trains_on_its_replicas_warm_trainer_gpu_never_a_replica
         ]  # then one the fleet does not hold
         with pytest.raises(ConfigError, match=r"fleet: 'g' holds GPUs 0,1,2 of the visible 0,1,2,3,4"):
             preflight(attach(run("b", 3)), ports=False)
-    # holding no replica (a check before the hold): none of the fleet's GPUs
-    assert preflight(attach(a), ports=False).trainer_gpus == ["4"]
+    # holding no replica (a check before the hold, as an ablation checks its points): placed as if it
+    # held the first, so a fleet on every visible GPU still passes its points
+    assert preflight(attach(a), ports=False).trainer_gpus == ["2"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert preflight(attach(a), ports=False).trainer_gpus == ["2"]
+    with pytest.raises(ConfigError, match=r"fleet: 'g' holds GPUs 0,1,3 of the visible 0,1,2,3"):
+        preflight(attach(b), ports=False)  # its second trainer GPU would be another replica's
 
     # a one-GPU fleet: the warm trainer shares its replica's GPU, which vLLM's share leaves it room on
     one = FleetConfig.model_validate(

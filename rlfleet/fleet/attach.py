@@ -113,13 +113,15 @@ def run_gpus(cfg: RLConfig, visible: list[str]) -> list[str]:
     """The visible GPUs a run attached to its fleet places its own processes on: the warm trainer's
     GPU beside the replica it holds first (a one-GPU trainer lands there and the warm trainer
     waiting on it takes the job), then GPUs the fleet does not hold; never a replica's GPU, where
-    the trainer would fight vLLM for memory. A run that names no fleet: `visible` as is."""
+    the trainer would fight vLLM for memory. Checked before it holds one (an ablation checks every
+    point first), as if it held the first: every slot leaves a run the same count of GPUs. A run
+    that names no fleet: `visible` as is."""
     state = None if cfg.fleet is None else read_state(cfg.fleet)
     if state is None:
         return visible
     trainers = state.get("trainer_gpu_ids", [])
-    slot = held_slot(cfg.fleet, cfg.output_dir)
-    mine = [g for g in trainers[slot : slot + 1] if g in visible] if slot is not None else []
+    slot = held_slot(cfg.fleet, cfg.output_dir) or 0
+    mine = [g for g in trainers[slot : slot + 1] if g in visible]
     held = {*state["gpu_ids"], *trainers}
     return mine + [g for g in visible if g not in held]
 
