@@ -98,14 +98,15 @@ def runs(
 
 
 def run_variant(argv: list[str], out: Path, logs: Path, name: str, root: Path) -> dict[str, Any]:
-    """One `rlfleet rl` from checkout `root`; its trainer and vLLM logs copied beside the command's."""
+    """One `rlfleet rl` from checkout `root`; its trainer and vLLM logs (and the trainer's profile,
+    `--trainer.profile-step`) copied beside the command's."""
     # the other checkout in place of this one; the rest of PYTHONPATH (a GPU machine's site dir) kept
     path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT]
     env = None if root == ROOT else dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), *path]))
     from rlfleet.store import layout
 
     res = run_rlfleet(argv, out, logs / f"{name}.log", env, root)
-    for f in (out / layout.LOGS).rglob("*.log"):
+    for f in [*(out / layout.LOGS).rglob("*.log"), *(out / layout.LOGS).rglob("profile_step_*.txt")]:
         shutil.copy(f, logs / f"{name}_{f.parent.name}_{f.name}")
     last = json.loads((out / layout.step_json(layout.STEPS, len(res["per_step"]["step"]) - 1)).read_text())
     stream = last.get("stream") or {}  # the rollout stream's lifetime counts (absent before it existed)

@@ -181,8 +181,8 @@ def plot(path: Path) -> Path:
     batch = f"{bpg} prompts x GPUs (weak scaling)" if bpg else "32 prompts at any GPU count"
     k = f", k = {doc['max_async_level']}" if doc.get("max_async_level") else ""
     ax.set_title(
-        f"job (a), {doc['shape']} shape, {doc.get('steps', '?')} steps, batch {batch}{k}, {doc.get('device', '')}"
-        "\non each bar: efficiency against 1 GPU",
+        f"job (a), {doc['shape']} shape, {doc.get('steps', '?')} steps{k}, {doc.get('device', '')}"
+        f"\nbatch {batch}; on each bar: efficiency against 1 GPU",
         fontsize=10,
     )
     fig.tight_layout()

@@ -332,27 +332,38 @@ def scaling() -> list[Row]:
     ]
 
 
-def weak_scaling() -> list[Row]:
-    """The same job with 32 prompts per GPU (`--batch-per-gpu 32`): the best 4-GPU layout's
-    efficiency; and the 1.5B shape's in-loop MFU on one shared GPU, run beside those lanes."""
-    doc, big = load("scaling_h200x4_05b_4steps_bpg32.json"), load("scaling_h200x4_15b_3steps.json")
+def weak_row(name: str, anchor: str) -> Row:
+    """One weak-scaling run (`--batch-per-gpu 32`, 32 prompts per GPU): its best 4-GPU layout's
+    trained tokens/s against one GPU's x 4."""
+    doc = load(name)
     rows, env = doc["rows"], doc["layouts"]["shared-1"]["result"]["env"]
-    host = f"4x {doc['device'].removeprefix('NVIDIA ')}"
-    one = rows["shared-1"]
+    one, k = rows["shared-1"], doc.get("max_async_level") or 1
     best = max((n for n in rows if doc["layouts"][n]["gpus"] == 4), key=lambda n: rows[n]["tokens_per_s"])
+    return Row(
+        f"Long-tail job (0.5B shape, {doc['steps']} steps, k = {k}), 32 prompts per GPU: best 4-GPU layout "
+        f"({best}), trained tokens/s against 1 GPU x 4",
+        f"{rows[best]['tokens_per_s']:,.0f} ({rows[best]['efficiency']:.0%} of linear)",
+        f"1 GPU: {one['tokens_per_s']:,.0f}",
+        ratio(rows[best]["tokens_per_s"] / one["tokens_per_s"]),
+        date(env),
+        f"4x {doc['device'].removeprefix('NVIDIA ')}",
+        f"python benchmarks/scaling.py --shape 05b --steps {doc['steps']} --no-peak --batch-per-gpu 32 "
+        + (f"--max-async-level {k} " if k != 1 else "")
+        + "--out ...",
+        f"benchmarks/scaling.md#{anchor}",
+    )
+
+
+def weak_scaling() -> list[Row]:
+    """The same job with 32 prompts per GPU, at k = 1 and k = 2; and the 1.5B shape's in-loop MFU on
+    one shared GPU, run beside the first's lanes."""
+    big = load("scaling_h200x4_15b_3steps.json")
     b = big["rows"]["shared-1"]
     return [
-        Row(
-            f"Long-tail job (0.5B shape, 4 steps), 32 prompts per GPU: best 4-GPU layout ({best}), "
-            "trained tokens/s against 1 GPU x 4",
-            f"{rows[best]['tokens_per_s']:,.0f} ({rows[best]['efficiency']:.0%} of linear)",
-            f"1 GPU: {one['tokens_per_s']:,.0f}",
-            ratio(rows[best]["tokens_per_s"] / one["tokens_per_s"]),
-            date(env),
-            host,
-            "python benchmarks/scaling.py --shape 05b --steps 4 --no-peak --batch-per-gpu 32 --out ...",
-            "benchmarks/scaling.md#weak-scaling-32-prompts-a-step-per-gpu-2026-11-28-later",
+        weak_row(
+            "scaling_h200x4_05b_4steps_bpg32.json", "weak-scaling-32-prompts-a-step-per-gpu-2026-11-28-later"
         ),
+        weak_row("scaling_h200x4_05b_6steps_bpg32_k2.json", "two-steps-in-flight-k-2-6-steps-2026-11-29"),
         Row(
             "Trainer inside the long-tail loop at the 1.5B shape (one GPU shared with vLLM, k = 1, "
             "FlashAttention-4), median MFU of steps 1-2",
@@ -360,7 +371,7 @@ def weak_scaling() -> list[Row]:
             "published in-loop: prime-rl 11-27%, TRL AsyncGRPO ~9%",
             "-",
             date(big["layouts"]["shared-1"]["result"]["env"]),
-            host,
+            f"4x {big['device'].removeprefix('NVIDIA ')}",
             "python benchmarks/scaling.py --shape 15b --steps 3 --no-peak --only shared-1 --out ...",
             "benchmarks/trainer.md#in-the-loop-on-a-4x-h200-host-2026-11-28-later",
         ),
