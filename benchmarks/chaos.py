@@ -1,27 +1,12 @@
 """The chaos soak (issue 55): one long `rlfleet rl` run of the tiny CPU job meets random faults at
-random moments, is restarted by the same command whenever its controller is gone, and must end as
-if nothing had happened (benchmarks/chaos_checks.py: every step once, checkpoints loadable, no
-orphan, port or lock left).
-
-A seeded scheduler (the seed is printed first; `--seed` replays the schedule) waits a random gap,
-and for a step since the last fault (at most `--max-wait-s`; without one the controller is
-spared), then injects one fault:
-- `kill`: SIGKILL of a random part: the controller (`rlfleet rl`), the trainer or its guard, vLLM
-  replica 0's guard, API server or engine core, Prefect's temporary server;
-- `stop`: SIGSTOP of the trainer, an API server or an engine core; the stall watchdog (the run's
-  `faults.stall_timeout_s`, lowered here) must diagnose and relaunch it. Counted apart: a stop is
-  recovered once the frozen process is gone and a new `stalls/` entry names it;
-- `weight_load`: SIGKILL of a replica part or the controller while weights are published and not
-  yet served (`weights/step_N` complete, `run/weights_served.json` older);
-- `checkpoint_write`: SIGKILL of the trainer or the controller while a checkpoint is staged
-  (`checkpoints/.tmp-step_N-*`);
-- `reap`: SIGKILL of the controller, then of its rerun right as the rerun reaps the dead life's
-  leftovers (the first of them exits);
-- `two`: SIGKILL of two parts at once.
-When `--duration-s` is up it stops injecting and lets the run finish (with `--finish-steps N`,
-N steps later: a soak of fixed length then ends on time, however many steps the faults allowed).
-A controller that makes no step for `--hang-s` is a failure (recorded, killed, restarted), and so
-are ten controllers in a row that exit with a failure by themselves (both in the report's `hangs`).
+random moments (SIGKILL of any part, SIGSTOP for the stall watchdog, kills during a weight load, a
+checkpoint write or a rerun's reap, two parts at once), is restarted by the same command whenever
+its controller is gone, and must end as if nothing had happened (benchmarks/chaos_checks.py: every
+step once, checkpoints loadable, no orphan, port or lock left). docs/faults.md ("Chaos soak") says
+what each fault is and when it comes; `KINDS` and `PARTS` below weigh them. The seed is printed
+first; `--seed` replays the schedule. A controller that makes no step for `--hang-s` is a failure
+(recorded, killed, restarted), and so are ten controllers in a row that exit with a failure by
+themselves (both in the report's `hangs`).
 
     nice -n 19 python benchmarks/chaos.py --duration-s 2160 --max-steps 200 --gap-s 10 40 \
         --orchestrator.batch-size 8 --out benchmarks/results/chaos_cpu_2core.json
