@@ -43,7 +43,7 @@ def test_demand_counts_what_is_in_flight_and_finished(tmp_path):
     assert b.counts.started == 2 and b.counts.finished == 1
 
 
-def test_step_n_takes_the_first_finished_groups_that_fit_and_drops_the_stale(tmp_path):
+def test_step_n_takes_groups_that_fit_first_finished_among_equals_and_drops_the_stale(tmp_path):
     store = RunStore(tmp_path)
     b = books(store, next_step=2, k=0)
     for g in [group("a", 0, 1.0), group("b", 1, 2.0), group("c", 1, 3.0), group("d", 1, 4.0)]:
@@ -55,6 +55,18 @@ def test_step_n_takes_the_first_finished_groups_that_fit_and_drops_the_stale(tmp
     assert b.taken == 3
     b.discard(taken.groups)
     assert on_disk(store) == {"d"}
+
+
+def test_a_group_closest_to_going_stale_is_taken_before_fresher_ones_that_finished_first(tmp_path):
+    b = books(RunStore(tmp_path), next_step=2, k=1)
+    # step 2 may train weights 0 and 1; the long group started on weights 0 and finished last
+    for g in [group("short-1", 1, 1.0), group("short-2", 1, 2.0), group("long", 0, 3.0)]:
+        finish(b, g)
+    assert [g.uid for g in b.take(2).groups] == ["short-1", "long"]  # in the order they finished
+    finish(b, group("next", 2, 4.0))
+    # step 3 may train weights 1 and 2 only: the long group would have been too stale for it
+    assert [g.uid for g in b.take(3).groups] == ["short-2", "next"]
+    assert b.counts.dropped_stale == 0
 
 
 def test_a_step_waits_for_every_group_of_its_share(tmp_path):

@@ -8,8 +8,11 @@ directly. Three rules live here and nowhere else:
   train, need `batch_size` groups each; what is in flight or buffered counts against that.
 - **Take policy** (`take`): step N takes each env's share of `batch_size` groups with
   `N-1-m <= oldest token's version` and `newest <= N-1` (m is `max_staleness`:
-  `max_off_policy_steps`, or k when unset), the first finished first; groups that can no longer
-  train any step are dropped and counted (`dropped_stale`).
+  `max_off_policy_steps`, or k when unset), the one closest to going stale first (oldest token's
+  version, then the first finished): a long group that finished late trains before fresher ones
+  instead of going stale behind them, which would drop the long samples of a long tail first and
+  make a later step wait for their replacements. Groups that can no longer train any step are
+  dropped and counted (`dropped_stale`).
 - **Restore**: a finished group is written to `buffer/groups/<uid>.json` before it is taken, so
   a controller that restarts loses no group still within bound (`restore`).
 
@@ -55,6 +58,12 @@ class Group:
 
     def fits(self, step: int, m: int) -> bool:
         return step - 1 - m <= self.oldest and self.newest <= step - 1
+
+
+def _deadline(g: Group) -> tuple[int, float]:
+    """The take order: the group that goes stale first (its oldest token's version), then the
+    first finished."""
+    return g.oldest, g.finished_at
 
 
 @dataclass
@@ -191,10 +200,11 @@ class GroupBuffer:
 
     def _choose(self, step: int, m: int) -> list[Group] | None:
         chosen: list[Group] = []
+        ready, held = sorted(self.ready, key=_deadline), sorted(self.held, key=_deadline)
         for env, count in self.env_counts.items():
-            mine = [g for g in self.ready if g.env == env and g.fits(step, m)][:count]
+            mine = [g for g in ready if g.env == env and g.fits(step, m)][:count]
             if len(mine) < count and self._refills_spent() and not self.in_flight[env]:
-                mine += [g for g in self.held if g.env == env and g.fits(step, m)][: count - len(mine)]
+                mine += [g for g in held if g.env == env and g.fits(step, m)][: count - len(mine)]
             if len(mine) < count:
                 return None
             chosen += mine

@@ -1,5 +1,6 @@
 """Continuous rollouts: groups are sampled without a step barrier into a buffer in the run store,
-and step N takes the first finished groups whose tokens all come from weights it may train on.
+and step N takes, of the groups whose tokens all come from weights it may train on, those closest to
+going stale first (buffer.py's take policy).
 
 A background thread runs one event loop. It starts a group (one prompt, `group_size`
 trajectories, each its own coroutine) whenever the steps that are still to be taken need more
