@@ -10,9 +10,8 @@ directly. Three rules live here and nowhere else:
   `N-1-m <= oldest token's version` and `newest <= N-1` (m is `max_staleness`:
   `max_off_policy_steps`, or k when unset), the one closest to going stale first (oldest token's
   version, then the first finished): a long group that finished late trains before fresher ones
-  instead of going stale behind them, which would drop the long samples of a long tail first and
-  make a later step wait for their replacements. Groups that can no longer train any step are
-  dropped and counted (`dropped_stale`).
+  instead of going stale behind them. Groups that can no longer train any step are dropped and
+  counted (`dropped_stale`).
 - **Restore**: a finished group is written to `buffer/groups/<uid>.json` before it is taken, so
   a controller that restarts loses no group still within bound (`restore`).
 
