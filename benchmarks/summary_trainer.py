@@ -3,7 +3,20 @@ against plain transformers, packed rows through varlen attention, and the 4x H20
 
 from __future__ import annotations
 
+from typing import Any
+
 from summary_rows import Row, date, load, machine, ratio
+
+
+def host(doc: dict[str, Any], gpus: int) -> str:
+    """The host a GPU result ran on, from the device its JSON names: "4x H200"."""
+    return f"{gpus}x {doc['device'].removeprefix('NVIDIA ')}"
+
+
+def best_of_four(doc: dict[str, Any]) -> str:
+    """The scaling JSON's 4-GPU layout with the most trained tokens/s."""
+    rows = doc["rows"]
+    return max((n for n in rows if doc["layouts"][n]["gpus"] == 4), key=lambda n: rows[n]["tokens_per_s"])
 
 
 def trainer_mfu() -> list[Row]:
@@ -42,7 +55,7 @@ def trainer_packed() -> list[Row]:
                 f"the trainer before (sdpa, dense mask): {before['tokens_per_second']:,.0f} ({before['mfu']:.1%})",
                 ratio(now["tokens_per_second"] / before["tokens_per_second"]),
                 doc["date"],
-                "1x " + doc["device"].removeprefix("NVIDIA "),
+                host(doc, 1),
                 "python benchmarks/packed_attention.py --shapes 0.5b,1.5b --out ...; "
                 "rlfleet trainer --bench --model.path DIR --bench.output-json ...",
                 "benchmarks/trainer.md#packed-rows-through-varlen-attention-2026-11-27",
@@ -59,7 +72,7 @@ def trainer_packed() -> list[Row]:
                 f"torch's FlashAttention-2: {by['flash']['tflops']:.0f}",
                 ratio(by["fa4"]["tflops"] / by["flash"]["tflops"]),
                 kernels["date"],
-                "1x " + kernels["device"].removeprefix("NVIDIA "),
+                host(kernels, 1),
                 "python benchmarks/attention_kernels.py --shapes 0.5b,1.5b --kernels flash,fa4 --out ...",
                 "benchmarks/trainer.md#flashattention-4-for-packed-rows-2026-11-28",
             )
@@ -91,11 +104,11 @@ def scaling() -> list[Row]:
     shared one, and the best 4-GPU layout against one GPU."""
     doc = load("scaling_h200x4_05b_4steps.json")
     rows, env = doc["rows"], doc["layouts"]["shared-1"]["result"]["env"]
-    host = f"4x {doc['device'].removeprefix('NVIDIA ')}"
+    four = host(doc, 4)
     cmd = "python benchmarks/scaling.py --shape 05b --steps 4 --no-peak --out ..."
     page = "benchmarks/scaling.md"
     own, shared = rows["split-2-nccl"], rows["shared-1"]
-    best = max((n for n in rows if doc["layouts"][n]["gpus"] == 4), key=lambda n: rows[n]["tokens_per_s"])
+    best = best_of_four(doc)
     return [
         Row(
             "Trainer inside the long-tail loop (0.5B shape, k = 1, FlashAttention-4, 8 rows a micro-batch), "
@@ -104,7 +117,7 @@ def scaling() -> list[Row]:
             "published in-loop: prime-rl 11-27%, TRL AsyncGRPO ~9%",
             "-",
             date(env),
-            host,
+            four,
             cmd,
             page,
         ),
@@ -114,7 +127,7 @@ def scaling() -> list[Row]:
             f"1 GPU: {shared['tokens_per_s']:,.0f}",
             ratio(rows[best]["tokens_per_s"] / shared["tokens_per_s"]),
             date(env),
-            host,
+            four,
             cmd,
             page,
         ),
@@ -128,7 +141,7 @@ def weak_row(name: str, anchor: str) -> Row:
     doc = load(name)
     rows, env = doc["rows"], doc["layouts"]["shared-1"]["result"]["env"]
     one, k = rows["shared-1"], doc.get("max_async_level") or 1
-    best = max((n for n in rows if doc["layouts"][n]["gpus"] == 4), key=lambda n: rows[n]["tokens_per_s"])
+    best = best_of_four(doc)
     return Row(
         f"Long-tail job (0.5B shape, {doc['steps']} steps, k = {k}), 32 prompts per GPU: best 4-GPU layout "
         f"({best}), trained tokens/s against 1 GPU x 4",
@@ -136,7 +149,7 @@ def weak_row(name: str, anchor: str) -> Row:
         f"1 GPU: {one['tokens_per_s']:,.0f}",
         ratio(rows[best]["tokens_per_s"] / one["tokens_per_s"]),
         date(env),
-        f"4x {doc['device'].removeprefix('NVIDIA ')}",
+        host(doc, 4),
         f"python benchmarks/scaling.py --shape 05b --steps {doc['steps']} --no-peak --batch-per-gpu 32 "
         + (f"--max-async-level {k} " if k != 1 else "")
         + "--out ...",
@@ -161,7 +174,7 @@ def weak_scaling() -> list[Row]:
             "published in-loop: prime-rl 11-27%, TRL AsyncGRPO ~9%",
             "-",
             date(big["layouts"]["shared-1"]["result"]["env"]),
-            f"4x {big['device'].removeprefix('NVIDIA ')}",
+            host(big, 4),
             "python benchmarks/scaling.py --shape 15b --steps 3 --no-peak --only shared-1 --out ...",
             "benchmarks/trainer.md#in-the-loop-on-a-4x-h200-host-2026-11-28-later",
         ),
