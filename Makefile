@@ -24,18 +24,14 @@ DEV_STAMP := $(VENV)/.installed-$(HASH)-dev
 NOT_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec triton
 
 # $(call uv_install,EXTRAS): the checkout, editable, with those extras; then what breaks it goes, and
-# the bytecode of site-packages and of rlfleet is compiled, since every process would compile what it
-# imports where PYTHONDONTWRITEBYTECODE is set. The packages' own tests/ are left out (12% of the
-# source; a run never imports them); a package's file that its Python cannot compile (torch's
-# py312_intrinsics on 3.11) fails only its own import, as with uv's --compile-bytecode. The venv has no pip: uv installs, and the system's pip puts uv
-# in it (ensurepip alone took 3 s of a fresh clone's ~67 s to step 0).
+# rlfleet's own modules are compiled (uv compiles site-packages only; an editable checkout is not
+# there, and every process would compile them where PYTHONDONTWRITEBYTECODE is set).
 # Every target that installs extras goes through here, so none brings those packages back.
 define uv_install
-test -x $(PY) || python3 -m venv --without-pip $(VENV)
-test -x $(UV) || python3 -m pip --python $(PY) install -q uv
-$(UV) pip install -q --python $(PY) $(FIND_LINKS) -e ".[$(1)]"
+test -x $(PY) || python3 -m venv $(VENV)
+test -x $(UV) || $(PY) -m pip install -q uv
+$(UV) pip install -q --compile-bytecode --python $(PY) $(FIND_LINKS) -e ".[$(1)]"
 $(UV) pip uninstall -q --python $(PY) $(NOT_BESIDE_CPU_TORCH)
-$(PY) -W ignore -m compileall -qq -j 0 -x 'site-packages/.+/tests/' $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || true
 $(PY) -m compileall -q rlfleet
 find $(VENV) -maxdepth 1 -name '.installed-*' ! -name '.installed-$(HASH)-*' -delete
 endef
