@@ -55,6 +55,27 @@ def long_tail() -> list[Row]:
     return rows
 
 
+def long_tail_off_policy() -> list[Row]:
+    """Job (a) at k = 1 with max_off_policy_steps 3 against the default (m = k), one machine."""
+    m3, k1 = load("long_tail_h100_05b_8steps_m3.json"), load("long_tail_h100_05b_8steps_k1.json")
+    r, base = m3["results"]["cuda_ipc_m3"], k1["results"]["cuda_ipc"]
+    stale = base["stream"]["dropped_stale"]
+    return [
+        Row(
+            "Long-tail GRPO job, trained tokens/s (0.5B shape, 8 steps, k = 1, cuda_ipc): "
+            "`max_off_policy_steps` 3 against m = k",
+            f"{r['gen_tokens_per_s']:,.0f} ({r['stream']['dropped_stale']} groups dropped as stale)",
+            f"m = k: {base['gen_tokens_per_s']:,.0f} ({stale} of {base['stream']['finished']} dropped)",
+            ratio(r["gen_tokens_per_s"] / base["gen_tokens_per_s"]),
+            date(m3),
+            machine(m3["env"]),
+            "python benchmarks/long_tail.py --device cuda --shape 05b --steps 8 --only rlfleet --no-peak "
+            f'--eos-rate 0.002 --trainer.lr 1e-7 --variants "{m3["config"]["variants"]}"',
+            "benchmarks/long-generations.md#max_off_policy_steps-3-on-the-gpu-every-sampled-group-trains-2026-12-06-one-h100",
+        )
+    ]
+
+
 LEARNING = {  # results directory -> what its job is
     "learning_vs_trl_h200": ("one-digit addition, 32-token answers", "one_seed"),
     "learning_vs_trl_h200_warm": ("one-digit addition, 32-token answers, warm host", "seed1"),
@@ -189,6 +210,7 @@ def cpu_tiny_vs_trl() -> list[Row]:
 
 HEADLINES: list[Callable[[], list[Row]]] = [
     long_tail,
+    long_tail_off_policy,
     learning_vs_trl,
     smollm2_cpu,
     distill_cpu,
