@@ -24,6 +24,7 @@ Any other `--section.key value` overrides the job for every rlfleet variant (and
 vs_trl maps it); `--variants "NAME=ARGS;NAME=ARGS"` runs rlfleet once per entry with its own extra
 overrides; `--rlfleet-ref GITREF` also runs each variant from a `git worktree` of GITREF, or from
 a checkout directory of that name (named NAME@GITREF; that ref must know RepeatArgs.per).
+`long_tail_plot.py` draws the rlfleet runs of one or more result files side by side.
 """
 
 from __future__ import annotations
