@@ -12,18 +12,22 @@ import json
 from pathlib import Path
 from typing import Any
 
+from summary_rows import machine  # a sibling: this script's directory is on sys.path
 
-def runs(paths: list[Path]) -> dict[str, dict[str, Any]]:
-    """Every rlfleet run of the files, by name (TRL's and the ratios left out)."""
-    out = {}
-    for path in paths:
-        doc = json.loads(path.read_text())
+
+def runs(paths: list[Path]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Every rlfleet run of the files, by name (TRL's and the ratios left out), and the first file's env."""
+    out: dict[str, dict[str, Any]] = {}
+    docs = [json.loads(path.read_text()) for path in paths]
+    for path, doc in zip(paths, docs, strict=True):
         for name, r in doc["results"].items():
             if isinstance(r, dict) and "stream" in r:
+                if name in out:
+                    raise SystemExit(f"{path}: a run named {name!r} is already in an earlier file")
                 out[name] = r
     if not out:
         raise SystemExit(f"no rlfleet run in {[str(p) for p in paths]}")
-    return out
+    return out, docs[0]["env"]
 
 
 def plot(paths: list[Path]) -> Path:
@@ -32,8 +36,7 @@ def plot(paths: list[Path]) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = runs(paths)
-    env = json.loads(paths[0].read_text())["env"]
+    rows, env = runs(paths)
     fig, (tok, groups) = plt.subplots(1, 2, figsize=(10, 4))
     for i, r in enumerate(rows.values()):
         tok.bar(
@@ -48,26 +51,19 @@ def plot(paths: list[Path]) -> Path:
             i, r["gen_tokens_per_s"] / 1e3, f"{r['gen_tokens_per_s'] / 1e3:.1f}k", ha="center", va="bottom"
         )
         s = r["stream"]
-        dropped = s["dropped_stale"] + s.get("aborted_stale", 0)
-        groups.bar(i, s["finished"] - s["dropped_stale"], color="C0", label="trained" if not i else None)
-        groups.bar(
-            i,
-            dropped,
-            bottom=s["finished"] - s["dropped_stale"],
-            color="C3",
-            label="stale" if not i else None,
-        )
-        groups.text(
-            i, s["finished"] + s.get("aborted_stale", 0), f"{dropped} stale", ha="center", va="bottom"
-        )
+        trained = s["finished"] - s["dropped_stale"]
+        dropped = s["dropped_stale"] + s.get("aborted_stale", 0)  # dropped at take, or cut in flight
+        groups.bar(i, trained, color="C0", label="trained" if not i else None)
+        groups.bar(i, dropped, bottom=trained, color="C3", label="stale" if not i else None)
+        groups.text(i, trained + dropped, f"{dropped} stale", ha="center", va="bottom")
     for ax, label in ((tok, "tokens/s (thousands)"), (groups, "groups finished or cut")):
         ax.set_xticks(range(len(rows)), list(rows), rotation=15)
         ax.set_ylabel(label)
         ax.legend(loc="lower right", fontsize=8)
     steps = {r["steps"] for r in rows.values()}
-    gpu = (env.get("gpu") or "").replace("NVIDIA ", "")
     fig.suptitle(
-        f"job (a), {'/'.join(map(str, sorted(steps)))} steps each, {gpu}, {env.get('date', '')}", fontsize=10
+        f"job (a), {'/'.join(map(str, sorted(steps)))} steps each, {machine(env)}, {env.get('date', '')}",
+        fontsize=10,
     )
     fig.tight_layout()
     png = paths[0].with_suffix(".png")
