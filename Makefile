@@ -24,15 +24,15 @@ DEV_STAMP := $(VENV)/.installed-$(HASH)-dev
 NOT_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec triton
 
 # $(call uv_install,EXTRAS): the checkout, editable, with those extras; then what breaks it goes, and
-# rlfleet's own modules are compiled (uv compiles site-packages only; an editable checkout is not
-# there, and every process would compile them where PYTHONDONTWRITEBYTECODE is set).
+# site-packages and rlfleet/ are compiled to bytecode (every process would compile what it imports
+# where PYTHONDONTWRITEBYTECODE is set; scripts/compile_bytecode.py says why not uv's own compile).
 # Every target that installs extras goes through here, so none brings those packages back.
 define uv_install
 test -x $(PY) || python3 -m venv $(VENV)
 test -x $(UV) || $(PY) -m pip install -q uv
-$(UV) pip install -q --compile-bytecode --python $(PY) $(FIND_LINKS) -e ".[$(1)]"
+$(UV) pip install -q --python $(PY) $(FIND_LINKS) -e ".[$(1)]"
 $(UV) pip uninstall -q --python $(PY) $(NOT_BESIDE_CPU_TORCH)
-$(PY) -m compileall -q rlfleet
+$(PY) scripts/compile_bytecode.py
 find $(VENV) -maxdepth 1 -name '.installed-*' ! -name '.installed-$(HASH)-*' -delete
 endef
 
