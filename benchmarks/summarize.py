@@ -208,6 +208,26 @@ def cpu_tiny_vs_trl() -> list[Row]:
     ]
 
 
+def fresh_clone() -> list[Row]:
+    """A fresh clone's `make run` on the CPU box: seconds from the clone to step 0's end, the median
+    of the newest Makefile (the last ref `fresh_clone.py` compared)."""
+    doc = load("fresh_clone_cpu_2core.json")
+    ref = doc["results"]["config"]["refs"][-1]
+    secs = sorted(r["first_step_s"] for r in doc["results"]["runs"] if r["ref"] == ref)
+    return [
+        Row(
+            f"A fresh clone's `make run` (install, tiny model, run): seconds to step 0's end, median of {len(secs)}",
+            f"{secs[len(secs) // 2]:.1f} s",
+            "",
+            "",
+            date(doc),
+            machine(doc["env"]),
+            "python benchmarks/fresh_clone.py --reps 3 --out ...",
+            "benchmarks/cpu.md#start-up-and-env-cost-issue-33-benchmarksstartuppy-benchmarksenv_costpy",
+        )
+    ]
+
+
 HEADLINES: list[Callable[[], list[Row]]] = [
     long_tail,
     long_tail_off_policy,
@@ -218,6 +238,7 @@ HEADLINES: list[Callable[[], list[Row]]] = [
     trainer_packed,
     scaling,
     cpu_tiny_vs_trl,
+    fresh_clone,
 ]
 
 
