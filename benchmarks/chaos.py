@@ -29,12 +29,13 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import psutil
 from chaos_checks import TAG, Check, leftovers, lineage
+from chaos_report import Fault, fault_counts, show
 from chaos_run import RunView
-from common import ROOT, free_port, table, tiny_model, write
+from common import ROOT, free_port, tiny_model, write
 
 from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
@@ -56,17 +57,6 @@ STOPPABLE = ("trainer", "api_server", "engine_core")  # what the watchdog relaun
 MOMENT_WAIT_S = 120.0  # a moment that does not come in this long: the fault goes in anyway
 POLL_S = 0.01
 FRUITLESS = 10  # controllers in a row that exit with a failure: the soak's finding
-
-
-class Fault(TypedDict):
-    at_s: float  # since the soak began
-    kind: str
-    signal: str
-    parts: list[str]
-    pids: list[int]
-    moment: str | None  # what was true when it went in ("missed": the moment did not come)
-    step: int  # steps done at the time
-    outcome: str | None  # a stop's: recovered, superseded, not_recovered
 
 
 class Soak:
@@ -310,8 +300,6 @@ class Soak:
             self.proc.kill()  # tick() restarts it with the new end
 
     def report(self, checks: list[Check]) -> dict[str, Any]:
-        stops = [f for f in self.faults if f["signal"] == "SIGSTOP"]
-        kills = [f for f in self.faults if f["signal"] == "SIGKILL"]
         return {
             "seed": self.a.seed,
             "duration_s": round(self.now(), 1),
@@ -319,14 +307,7 @@ class Soak:
             "max_steps": self.a.max_steps,
             "ended_by_soak": self.ended_at is not None,
             "steps": self.view.steps_done(),
-            "faults": len(self.faults),
-            "sigkills": len(kills),
-            "sigstops": len(stops),
-            "faults_by_kind": dict(Counter(f["kind"] for f in self.faults)),
-            "kills_by_part": dict(Counter(p for f in kills for p in f["parts"])),
-            "stops_by_part": dict(Counter(p for f in stops for p in f["parts"])),
-            "moments": dict(Counter(f"{f['kind']}: {f['moment']}" for f in self.faults if f["moment"])),
-            "sigstop_outcomes": dict(Counter(f["outcome"] for f in stops)),
+            **fault_counts(self.faults),
             "restarts": len(self.exits) - 1,
             "controller_exits": dict(Counter(str(rc) for rc in self.exits)),
             "hangs": self.hangs,
@@ -415,16 +396,7 @@ def main() -> None:
     write(a.out, doc)
     if error is not None:  # the soak killed its controller: what a rerun would reap goes now
         reap_earlier_life(str(out))
-    table(
-        f"chaos soak, seed {a.seed}: {doc['duration_s']:.0f} s, {doc['faults']} faults, {doc['restarts']} restarts",
-        ["what", "count"],
-        [[f"SIGKILL {k}", v] for k, v in sorted(doc["kills_by_part"].items())]
-        + [[f"SIGSTOP {k}", v] for k, v in sorted(doc["stops_by_part"].items())]
-        + [[f"SIGSTOP {k}", v] for k, v in sorted(doc["sigstop_outcomes"].items())]
-        + [[f"fault kind {k}", v] for k, v in sorted(doc["faults_by_kind"].items())]
-        + [["restarts", doc["restarts"]], ["steps", doc["steps"]]],
-    )
-    table("end-state checks", ["check", "ok", "detail"], [[c["name"], c["ok"], c["detail"]] for c in checks])
+    show(doc)
     sys.exit(0 if doc["passed"] else 1)
 
 
