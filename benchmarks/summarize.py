@@ -12,6 +12,7 @@ generically from each `LEARNING` directory's summary.json: one row per rlfleet g
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -213,11 +214,11 @@ def fresh_clone() -> list[Row]:
     of the newest Makefile (the last ref `fresh_clone.py` compared)."""
     doc = load("fresh_clone_cpu_2core.json")
     ref = doc["results"]["config"]["refs"][-1]
-    secs = sorted(r["first_step_s"] for r in doc["results"]["runs"] if r["ref"] == ref)
+    secs = [r["first_step_s"] for r in doc["results"]["runs"] if r["ref"] == ref]
     return [
         Row(
             f"A fresh clone's `make run` (install, tiny model, run): seconds to step 0's end, median of {len(secs)}",
-            f"{secs[len(secs) // 2]:.1f} s",
+            f"{statistics.median(secs):.1f} s",
             "",
             "",
             date(doc),

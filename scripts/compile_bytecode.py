@@ -39,8 +39,12 @@ def compile_all(files: list[str]) -> int:
 
 
 def main() -> None:
-    site = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
-    roots = [Path(p) for p in sys.argv[1:] or [*sorted(site), Path(__file__).parents[1] / "rlfleet"]]
+    # purelib and platlib: one directory where a venv's lib64 links to lib, two where it does not
+    site = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
+    roots = [Path(p) for p in sys.argv[1:]] or [
+        *sorted(site),
+        Path(__file__).resolve().parents[1] / "rlfleet",
+    ]
     files = [f for r in roots for f in sources(r)]
     n = os.cpu_count() or 1
     chunks = [files[i :: n * CHUNKS_PER_WORKER] for i in range(n * CHUNKS_PER_WORKER)]
