@@ -56,6 +56,50 @@ def long_tail() -> list[Row]:
     return rows
 
 
+def long_tail_h100_vs_trl() -> list[Row]:
+    """Job (a) against TRL on one H100 machine held for one session: m = 3 beside TRL in each of two
+    calls, then m = k (the default) and m = 3 again, read against both TRL runs."""
+    pairs = [load(f"long_tail_h100_05b_m3_trl_{i}.json") for i in (1, 2)]
+    mk = load("long_tail_h100_05b_mk_m3.json")
+    trl = [d["results"]["trl"]["gen_tokens_per_s"] for d in pairs]
+    peer = f"TRL 1.16 GRPOTrainer, micro-batch 4: {' / '.join(f'{t:,.0f}' for t in trl)}"
+    m3 = [d["results"]["cuda_ipc_m3"]["gen_tokens_per_s"] for d in pairs]
+    base = mk["results"]["cuda_ipc_mk"]["gen_tokens_per_s"]
+    cmd = (
+        "python benchmarks/long_tail.py --device cuda --shape 05b --steps {steps} --no-peak --eos-rate 0.002 "
+        '--trainer.lr 1e-7 --variants "{variants}" {trl}'
+    )
+    page = "benchmarks/long-generations.md#job-a-against-trl-on-one-h100-2026-12-06"
+    return [
+        Row(
+            "Long-tail GRPO job, trained tokens/s (0.5B shape, max_tokens 4096, k = 1, cuda_ipc, "
+            "`max_off_policy_steps` 3), two runs, each beside TRL",
+            " / ".join(f"{t:,.0f}" for t in m3),
+            peer,
+            " / ".join(ratio(a / b) for a, b in zip(m3, trl, strict=True)),
+            date(pairs[0]),
+            machine(pairs[0]["env"]),
+            cmd.format(
+                steps=10,
+                variants=pairs[0]["config"]["variants"],
+                trl="--trl-steps 2 --trl-vllm --trl-micro 4",
+            ),
+            page,
+        ),
+        Row(
+            "Long-tail GRPO job, trained tokens/s (0.5B shape, max_tokens 4096, k = 1, cuda_ipc, m = k: the default), "
+            "the same H100 session as TRL's runs",
+            f"{base:,.0f}",
+            peer,
+            " / ".join(ratio(base / t) for t in trl),
+            date(mk),
+            machine(mk["env"]),
+            cmd.format(steps=10, variants=mk["config"]["variants"], trl="--only rlfleet"),
+            page,
+        ),
+    ]
+
+
 def long_tail_off_policy() -> list[Row]:
     """Job (a) at k = 1 with max_off_policy_steps 3 against the default (m = k), one machine."""
     m3, k1 = load("long_tail_h100_05b_8steps_m3.json"), load("long_tail_h100_05b_8steps_k1.json")
@@ -231,6 +275,7 @@ def fresh_clone() -> list[Row]:
 
 HEADLINES: list[Callable[[], list[Row]]] = [
     long_tail,
+    long_tail_h100_vs_trl,
     long_tail_off_policy,
     learning_vs_trl,
     smollm2_cpu,
