@@ -23,16 +23,17 @@ DEV_STAMP := $(VENV)/.installed-$(HASH)-dev
 # exit of every process that imported torch's compiler.
 NOT_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec triton
 
-# $(call uv_install,EXTRAS): the checkout, editable, with those extras; then what breaks it goes, and
-# site-packages and rlfleet/ are compiled to bytecode (every process would compile what it imports
-# where PYTHONDONTWRITEBYTECODE is set; scripts/compile_bytecode.py says why not uv's own compile).
-# Every target that installs extras goes through here, so none brings those packages back.
+# $(call uv_install,EXTRAS,COMPILE): the checkout, editable, with those extras; then what breaks it
+# goes, and bytecode is compiled: what `make run` imports, or with COMPILE=--all all of site-packages
+# (every process would compile what it imports where PYTHONDONTWRITEBYTECODE is set;
+# scripts/compile_bytecode.py says why not uv's own compile). Every target that installs extras
+# goes through here, so none brings those packages back.
 define uv_install
 test -x $(PY) || python3 -m venv $(VENV)
 test -x $(UV) || $(PY) -m pip install -q uv
 $(UV) pip install -q --python $(PY) $(FIND_LINKS) -e ".[$(1)]"
 $(UV) pip uninstall -q --python $(PY) $(NOT_BESIDE_CPU_TORCH)
-$(PY) scripts/compile_bytecode.py
+$(PY) scripts/compile_bytecode.py $(2)
 find $(VENV) -maxdepth 1 -name '.installed-*' ! -name '.installed-$(HASH)-*' -delete
 endef
 
@@ -41,14 +42,14 @@ $(RUN_STAMP): pyproject.toml
 	touch $@
 
 $(DEV_STAMP): pyproject.toml
-	$(call uv_install,$(DEV_EXTRAS))
+	$(call uv_install,$(DEV_EXTRAS),--all)
 	touch $@ $(RUN_STAMP)
 
 install: $(RUN_STAMP)
 
 # The `bench` extra (TRL, for benchmarks/vs_trl.py) on top of the test install.
 bench-install: $(DEV_STAMP)
-	$(call uv_install,$(DEV_EXTRAS)$(comma)bench)
+	$(call uv_install,$(DEV_EXTRAS)$(comma)bench,--all)
 
 models/tiny/config.json: | $(RUN_STAMP)
 	$(VENV)/bin/rlfleet model tiny --out models/tiny

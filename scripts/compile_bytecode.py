@@ -1,14 +1,24 @@
 """The venv's bytecode, compiled once by `make install`. On 2 cores uv's install with
-`--compile-bytecode` took 40 s; without it 9 s, and this 22 s (medians, docs/benchmarks/cpu.md).
+`--compile-bytecode` took 40 s; compiling all of site-packages here 22 s; only the directories a
+run imports from, ~9 s (docs/benchmarks/cpu.md).
 
 Why bytecode: where PYTHONDONTWRITEBYTECODE is set, a module without it is compiled from source
-again by every process of every run (vLLM's imports alone took 25 s). Why not uv's: this compiles
-only what a run can import, site-packages without its packages' own `tests/` directories (12% of
-the files) and the editable checkout's `rlfleet/`, which uv never compiles; and it gives the files
-to the workers in a few dozen chunks (`python -m compileall -j` gives them one at a time, and took
-as long for the smaller set as uv did for all of it).
+again by every process of every run (vLLM's imports alone took 25 s). Where it is not set, the
+first run writes what it imports, one process at a time and the same module in several at once:
+the first `make run` took 62 s to its first step without any of this. Why not uv's: it compiles
+every file, and not the editable checkout's `rlfleet/`.
 
-    python scripts/compile_bytecode.py [DIR ...]   # default: site-packages and rlfleet/
+What is compiled: `rlfleet/`, and the site-packages directories listed in `run_imports.txt`, the
+ones `make run`'s processes (the tiny model's writer, the controller, Prefect's server, vLLM, the
+trainer) import from: ~11,000 of ~25,000 files. A module outside them is compiled when first
+imported, as Python does. `make test` compiles everything (`--all`), as the suite imports more.
+A list that lags the dependencies costs seconds, never a failure. To write it again:
+
+    find .venv -name __pycache__ -prune -exec rm -rf {} +
+    PYTHONDONTWRITEBYTECODE= make run
+    .venv/bin/python scripts/compile_bytecode.py --record
+
+    python scripts/compile_bytecode.py [--all | --record | DIR ...]   # DIR: every file under it
 """
 
 from __future__ import annotations
@@ -22,14 +32,44 @@ from multiprocessing import Pool
 from pathlib import Path
 
 CHUNKS_PER_WORKER = 16
+RUN_IMPORTS = Path(__file__).resolve().with_name("run_imports.txt")
+RLFLEET = Path(__file__).resolve().parents[1] / "rlfleet"
+
+
+def site_packages() -> list[Path]:
+    """purelib and platlib: one directory where a venv's lib64 links to lib, two where it does not."""
+    return sorted({Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")})
 
 
 def sources(root: Path) -> list[str]:
+    """Every `.py` under root, without packages' own `tests/` (12% of site-packages' files)."""
     out = []
     for d, dirs, files in os.walk(root):
         dirs[:] = [x for x in dirs if x not in ("tests", "__pycache__")]
         out += [os.path.join(d, f) for f in files if f.endswith(".py")]
     return out
+
+
+def listed(sites: list[Path]) -> list[str]:
+    """The `.py` files directly in each directory `run_imports.txt` names (one that is gone: none)."""
+    lines = [x for x in RUN_IMPORTS.read_text().splitlines() if x and not x.startswith("#")]
+    return [str(p) for site in sites for x in lines if (site / x).is_dir() for p in (site / x).glob("*.py")]
+
+
+def record(sites: list[Path]) -> None:
+    """Write `run_imports.txt`: the directories under sites that hold bytecode of this interpreter."""
+    tag = sys.implementation.cache_tag
+    dirs = sorted(
+        {
+            str(Path(d).parent.relative_to(site))
+            for site in sites
+            for d, _, files in os.walk(site)
+            if d.endswith("__pycache__") and any(f.endswith(f".{tag}.pyc") for f in files)
+        }
+    )
+    head = "# site-packages directories `make run` imports from (scripts/compile_bytecode.py --record)\n"
+    RUN_IMPORTS.write_text(head + "".join(f"{d}\n" for d in dirs))
+    print(f"recorded {len(dirs)} directories in {RUN_IMPORTS}", file=sys.stderr)
 
 
 def compile_all(files: list[str]) -> int:
@@ -38,14 +78,15 @@ def compile_all(files: list[str]) -> int:
     return sum(not compileall.compile_file(f, quiet=2) for f in files)
 
 
-def main() -> None:
-    # purelib and platlib: one directory where a venv's lib64 links to lib, two where it does not
-    site = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
-    roots = [Path(p) for p in sys.argv[1:]] or [
-        *sorted(site),
-        Path(__file__).resolve().parents[1] / "rlfleet",
-    ]
-    files = [f for r in roots for f in sources(r)]
+def main(argv: list[str]) -> None:
+    if argv == ["--record"]:
+        return record(site_packages())
+    if argv == ["--all"]:
+        files = [f for d in [*site_packages(), RLFLEET] for f in sources(d)]
+    elif argv:
+        files = [f for d in argv for f in sources(Path(d))]
+    else:
+        files = listed(site_packages()) + sources(RLFLEET)
     n = os.cpu_count() or 1
     chunks = [files[i :: n * CHUNKS_PER_WORKER] for i in range(n * CHUNKS_PER_WORKER)]
     with Pool(n) as pool:
@@ -54,4 +95,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
