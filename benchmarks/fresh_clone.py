@@ -2,7 +2,7 @@
 each Makefile line's share of them.
 
 Each repetition clones this checkout at `--ref` into an empty directory and runs `make run` there
-as a new user would: a new venv, uv's install with bytecode, the tiny model, the tiny RL job. uv's
+as a new user would: a new venv, uv's install, its bytecode, the tiny model, the tiny RL job. uv's
 own cache and vLLM's compile cache stay as the machine has them (say which in the notes); the box's
 speed moves the figure a lot from day to day, so compare refs in one call (`--ref A --ref B`, run
 alternately).

@@ -254,20 +254,21 @@ def cpu_tiny_vs_trl() -> list[Row]:
 
 
 def fresh_clone() -> list[Row]:
-    """A fresh clone's `make run` on the CPU box: seconds from the clone to step 0's end, the median
-    of the newest Makefile (the last ref `fresh_clone.py` compared)."""
+    """A fresh clone's `make run` on the CPU box: seconds from the clone to step 0's end, medians of
+    the newest Makefile (the last ref `fresh_clone.py` compared) and of the first ref, beside it."""
     doc = load("fresh_clone_cpu_2core.json")
-    ref = doc["results"]["config"]["refs"][-1]
-    secs = [r["first_step_s"] for r in doc["results"]["runs"] if r["ref"] == ref]
+    refs = doc["results"]["config"]["refs"]
+    secs = {ref: [r["first_step_s"] for r in doc["results"]["runs"] if r["ref"] == ref] for ref in refs}
+    new, old = statistics.median(secs[refs[-1]]), statistics.median(secs[refs[0]])
     return [
         Row(
-            f"A fresh clone's `make run` (install, tiny model, run): seconds to step 0's end, median of {len(secs)}",
-            f"{statistics.median(secs):.1f} s",
-            "",
-            "",
+            f"A fresh clone's `make run` (install, tiny model, run): seconds to step 0's end, median of {len(secs[refs[-1]])}",
+            f"{new:.1f} s",
+            f"the Makefile before ({refs[0]}), alternating: {old:.1f} s" if len(refs) > 1 else "",
+            ratio(old / new) if len(refs) > 1 else "",
             date(doc),
             machine(doc["env"]),
-            "python benchmarks/fresh_clone.py --reps 3 --out ...",
+            f"python benchmarks/fresh_clone.py {' '.join(f'--ref {r}' for r in refs)} --reps {len(secs[refs[-1]])} --out ...",
             "benchmarks/cpu.md#start-up-and-env-cost-issue-33-benchmarksstartuppy-benchmarksenv_costpy",
         )
     ]

@@ -1,6 +1,6 @@
 """The venv's bytecode, compiled once by `make install`. On 2 cores uv's install with
-`--compile-bytecode` took 40 s; compiling all of site-packages here 22 s; only the directories a
-run imports from, ~9 s (docs/benchmarks/cpu.md).
+`--compile-bytecode` took 40 s; compiling all of site-packages here 19-22 s; only the directories
+a run imports from, 11-12 s (docs/benchmarks/cpu.md).
 
 Why bytecode: where PYTHONDONTWRITEBYTECODE is set, a module without it is compiled from source
 again by every process of every run (vLLM's imports alone took 25 s). Where it is not set, the
