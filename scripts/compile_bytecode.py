@@ -51,9 +51,16 @@ def sources(root: Path) -> list[str]:
 
 
 def listed(sites: list[Path]) -> list[str]:
-    """The `.py` files directly in each directory `run_imports.txt` names (one that is gone: none)."""
+    """The `.py` files directly in each directory `run_imports.txt` names; one that is gone is
+    skipped and counted (the list lags the dependencies: write it again)."""
     lines = [x for x in RUN_IMPORTS.read_text().splitlines() if x and not x.startswith("#")]
-    return [str(p) for site in sites for x in lines if (site / x).is_dir() for p in (site / x).glob("*.py")]
+    dirs = [site / x for x in lines for site in sites if (site / x).is_dir()]
+    if gone := sum(not any((site / x).is_dir() for site in sites) for x in lines):
+        print(
+            f"{gone} of {len(lines)} directories in {RUN_IMPORTS.name} are not installed: --record again",
+            file=sys.stderr,
+        )
+    return [str(p) for d in dirs for p in d.glob("*.py")]
 
 
 def record(sites: list[Path]) -> None:

@@ -48,7 +48,7 @@ def load_script():
     return module
 
 
-def test_the_run_list_names_the_directories_a_run_imported_from(tmp_path, monkeypatch):
+def test_the_run_list_names_the_directories_a_run_imported_from(tmp_path, monkeypatch, capsys):
     script = load_script()
     monkeypatch.setattr(script, "RUN_IMPORTS", tmp_path / "run_imports.txt")
     site = tmp_path / "site"
@@ -64,3 +64,4 @@ def test_the_run_list_names_the_directories_a_run_imported_from(tmp_path, monkey
     assert files == {"pkg/__init__.py", "pkg/a.py", "top.py"}
     script.RUN_IMPORTS.write_text("pkg\ngone/with/an/upgrade\n")  # a listed directory that is gone: skipped
     assert {Path(f).name for f in script.listed([site])} == {"__init__.py", "a.py"}
+    assert "1 of 2 directories in run_imports.txt are not installed" in capsys.readouterr().err
