@@ -177,14 +177,18 @@ def wait_until(
     """Poll predicate() until it returns something truthy, and return that.
 
     abort() ends the wait early: an exception it returns is raised as is (a dead process's own
-    error, whose type says whether a retry helps), a reason as RuntimeError. After timeout_s:
-    on_timeout()'s exception (made then, so it can say what was seen last), else TimeoutError.
+    error, whose type says whether a retry helps), a reason as RuntimeError; unless predicate()
+    came true meanwhile (a trainer that wrote step N's record and was killed right after: the step
+    is done). After timeout_s: on_timeout()'s exception (made then, so it can say what was seen
+    last), else TimeoutError.
     """
     deadline = time.monotonic() + timeout_s
     while True:
         if value := predicate():
             return value
         if abort is not None and (reason := abort()):
+            if value := predicate():
+                return value
             raise (
                 reason
                 if isinstance(reason, Exception)

@@ -142,3 +142,19 @@ def test_a_trainer_that_dies_between_steps_is_relaunched_by_its_watch(tmp_path, 
         assert store.exists(layout.TRAINER_UP)
     finally:
         trainer.stop()
+
+
+def test_a_step_recorded_just_before_the_trainer_died_is_done_not_a_death():
+    """wait_step's wait (procs.wait_until): the record is not there at the first look, the trainer is
+    dead at the next (it wrote the record and was killed between the two). The step is done, and the
+    next task that needs the trainer relaunches it and replays the step (tests/test_faults.py, nccl)."""
+    from rlfleet.procs import wait_until
+
+    looks = iter([None, {"step": 2}])
+    dead = []
+    assert wait_until(lambda: next(looks), 5, 0, abort=lambda: dead.append(1) or "the trainer died") == {
+        "step": 2
+    }
+    assert dead == [1]
+    with pytest.raises(RuntimeError, match="the trainer died"):  # and a death with no record is one
+        wait_until(lambda: None, 5, 0, abort=lambda: "the trainer died")
