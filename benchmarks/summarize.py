@@ -62,7 +62,9 @@ def long_tail_h100_vs_trl() -> list[Row]:
     pairs = [load(f"long_tail_h100_05b_m3_trl_{i}.json") for i in (1, 2)]
     mk = load("long_tail_h100_05b_mk_m3.json")
     trl = [d["results"]["trl"]["gen_tokens_per_s"] for d in pairs]
-    peer = f"TRL 1.16 GRPOTrainer, micro-batch 4: {' / '.join(f'{t:,.0f}' for t in trl)}"
+    first = pairs[0]["config"]
+    micro = first["trl_grpo_config"]["per_device_train_batch_size"]
+    peer = f"TRL 1.16 GRPOTrainer, micro-batch {micro}: {' / '.join(f'{t:,.0f}' for t in trl)}"
     m3 = [d["results"]["cuda_ipc_m3"]["gen_tokens_per_s"] for d in pairs]
     base = mk["results"]["cuda_ipc_mk"]["gen_tokens_per_s"]
     cmd = (
@@ -80,9 +82,9 @@ def long_tail_h100_vs_trl() -> list[Row]:
             date(pairs[0]),
             machine(pairs[0]["env"]),
             cmd.format(
-                steps=10,
-                variants=pairs[0]["config"]["variants"],
-                trl="--trl-steps 2 --trl-vllm --trl-micro 4",
+                steps=first["steps"],
+                variants=first["variants"],
+                trl=f"--trl-steps {first['trl_steps']} --trl-vllm --trl-micro {micro}",
             ),
             page,
         ),
@@ -94,7 +96,7 @@ def long_tail_h100_vs_trl() -> list[Row]:
             " / ".join(ratio(base / t) for t in trl),
             date(mk),
             machine(mk["env"]),
-            cmd.format(steps=10, variants=mk["config"]["variants"], trl="--only rlfleet"),
+            cmd.format(steps=mk["config"]["steps"], variants=mk["config"]["variants"], trl="--only rlfleet"),
             page,
         ),
     ]
@@ -260,12 +262,13 @@ def fresh_clone() -> list[Row]:
     refs = doc["results"]["config"]["refs"]
     secs = {ref: [r["first_step_s"] for r in doc["results"]["runs"] if r["ref"] == ref] for ref in refs}
     new, old = statistics.median(secs[refs[-1]]), statistics.median(secs[refs[0]])
+    before = len(refs) > 1
     return [
         Row(
             f"A fresh clone's `make run` (install, tiny model, run): seconds to step 0's end, median of {len(secs[refs[-1]])}",
             f"{new:.1f} s",
-            f"the Makefile before ({refs[0]}), alternating: {old:.1f} s" if len(refs) > 1 else "",
-            ratio(old / new) if len(refs) > 1 else "",
+            f"the Makefile before ({refs[0]}), alternating: {old:.1f} s" if before else "",
+            ratio(old / new) if before else "",
             date(doc),
             machine(doc["env"]),
             f"python benchmarks/fresh_clone.py {' '.join(f'--ref {r}' for r in refs)} --reps {len(secs[refs[-1]])} --out ...",

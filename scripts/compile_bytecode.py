@@ -54,8 +54,9 @@ def listed(sites: list[Path]) -> list[str]:
     """The `.py` files directly in each directory `run_imports.txt` names; one that is gone is
     skipped and counted (the list lags the dependencies: write it again)."""
     lines = [x for x in RUN_IMPORTS.read_text().splitlines() if x and not x.startswith("#")]
-    dirs = [site / x for x in lines for site in sites if (site / x).is_dir()]
-    if gone := sum(not any((site / x).is_dir() for site in sites) for x in lines):
+    found = {x: [site / x for site in sites if (site / x).is_dir()] for x in lines}
+    dirs = [d for ds in found.values() for d in ds]
+    if gone := sum(not ds for ds in found.values()):
         print(
             f"{gone} of {len(lines)} directories in {RUN_IMPORTS.name} are not installed: --record again",
             file=sys.stderr,
