@@ -31,6 +31,15 @@ START, END = "<!-- --8<-- [start:summary] -->", "<!-- --8<-- [end:summary] -->"
 # --- headlines --------------------------------------------------------------------------------
 
 
+def long_tail_command(config: dict, flags: str) -> str:
+    """Job (a)'s command line as a results file's `config` recorded it (every run: EOS 1/500, lr 1e-7)."""
+    return (
+        f"python benchmarks/long_tail.py --device {config['device']} --shape {config['shape']} "
+        f"--steps {config['steps']} {flags} --no-peak --eos-rate 0.002 --trainer.lr 1e-7 "
+        f'--variants "{config["variants"]}"'
+    )
+
+
 def long_tail() -> list[Row]:
     """Job (a): a long-tailed GRPO job (0.5B shape, max_tokens 4096), trained tokens/s against TRL
     GRPOTrainer with colocated vLLM, same host and session."""
@@ -48,8 +57,7 @@ def long_tail() -> list[Row]:
                 ratio(r["gen_tokens_per_s"] / peer),
                 date(doc),
                 machine(doc["env"]),
-                "python benchmarks/long_tail.py --device cuda --shape 05b --steps 20 --only rlfleet --no-peak "
-                f'--eos-rate 0.002 --trainer.lr 1e-7 --variants "{doc["config"]["variants"]}"',
+                long_tail_command(doc["config"], "--only rlfleet"),
                 "benchmarks/long-generations.md#job-a-20-steps-per-transport-against-trl-and-job-b-on-the-gpu-2026-11-26",
             )
         )
@@ -67,10 +75,6 @@ def long_tail_h100_vs_trl() -> list[Row]:
     peer = f"TRL 1.16 GRPOTrainer, micro-batch {micro}: {' / '.join(f'{t:,.0f}' for t in trl)}"
     m3 = [d["results"]["cuda_ipc_m3"]["gen_tokens_per_s"] for d in pairs]
     base = mk["results"]["cuda_ipc_mk"]["gen_tokens_per_s"]
-    cmd = (
-        "python benchmarks/long_tail.py --device cuda --shape 05b --steps {steps} --no-peak --eos-rate 0.002 "
-        '--trainer.lr 1e-7 --variants "{variants}" {trl}'
-    )
     page = "benchmarks/long-generations.md#job-a-against-trl-on-one-h100-2026-12-06"
     return [
         Row(
@@ -81,11 +85,7 @@ def long_tail_h100_vs_trl() -> list[Row]:
             " / ".join(ratio(a / b) for a, b in zip(m3, trl, strict=True)),
             date(pairs[0]),
             machine(pairs[0]["env"]),
-            cmd.format(
-                steps=first["steps"],
-                variants=first["variants"],
-                trl=f"--trl-steps {first['trl_steps']} --trl-vllm --trl-micro {micro}",
-            ),
+            long_tail_command(first, f"--trl-steps {first['trl_steps']} --trl-vllm --trl-micro {micro}"),
             page,
         ),
         Row(
@@ -96,7 +96,7 @@ def long_tail_h100_vs_trl() -> list[Row]:
             " / ".join(ratio(base / t) for t in trl),
             date(mk),
             machine(mk["env"]),
-            cmd.format(steps=mk["config"]["steps"], variants=mk["config"]["variants"], trl="--only rlfleet"),
+            long_tail_command(mk["config"], "--only rlfleet"),
             page,
         ),
     ]
@@ -116,8 +116,7 @@ def long_tail_off_policy() -> list[Row]:
             ratio(r["gen_tokens_per_s"] / base["gen_tokens_per_s"]),
             date(m3),
             machine(m3["env"]),
-            "python benchmarks/long_tail.py --device cuda --shape 05b --steps 8 --only rlfleet --no-peak "
-            f'--eos-rate 0.002 --trainer.lr 1e-7 --variants "{m3["config"]["variants"]}"',
+            long_tail_command(m3["config"], "--only rlfleet"),
             "benchmarks/long-generations.md#max_off_policy_steps-3-on-the-gpu-every-sampled-group-trains-2026-12-06-one-h100",
         )
     ]
