@@ -74,6 +74,30 @@ def _lock(name: str) -> dict:
     return json.loads((fleet_dir() / f"{name}.0.lock").read_text() or "{}")
 
 
+def test_an_eval_on_a_gpu_fleet_leases_its_replicas_gpu_as_a_run_does(tiny_model, prefect_api):
+    """An eval holding replica 1 of a two-GPU fleet holds GPU 1's slot on the fleet's Prefect API
+    (not GPU 0's), for as long as it holds the replica, and gives both back."""
+    from prefect.client.orchestration import get_client
+
+    from rlfleet.tasks.eval import held_replica
+    from rlfleet.workers.leases import ensure_gpu_limits
+
+    fleet = fleet_config(tiny_model, 8400, max_model_len=128, num_replicas=2)
+    job = fleet.job().model_copy(update={"gpu_ids": ["8", "9"]})
+    write_state("g", ["http://127.0.0.1:8400", "http://127.0.0.1:8401"], job)  # this process stands in
+    ensure_gpu_limits(["8", "9"])
+
+    def active() -> dict[str, int]:
+        with get_client(sync_client=True) as client:
+            return {g: client.read_global_concurrency_limit_by_name(f"gpu-{g}").active_slots for g in "89"}
+
+    with fleet_hold("g", "run outputs/a") as a:  # a run holds replica 0
+        assert a == 0
+        with held_replica("g", "eval of outputs/a", tp=1) as slot:
+            assert slot == 1 and active() == {"8": 0, "9": 1}
+    assert active() == {"8": 0, "9": 0}
+
+
 @pytest.mark.e2e
 def test_runs_attach_to_a_warm_fleet_each_from_its_own_weights(tiny_model, prefect_api, tmp_path):
     """Run A trains on the fleet and, finished, loads the base model back onto its replica (marked

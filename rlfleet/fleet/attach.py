@@ -98,14 +98,15 @@ def attach(cfg: RLConfig) -> RLConfig:
     return RLConfig.model_validate(data)  # the rules on urls (weight transports) hold for it too
 
 
-def replica_gpus(cfg: RLConfig) -> list[str]:
-    """The GPUs of the fleet replica the run holds: where its vLLM is, for what depends on placement
-    (vLLM's dtype, whether the trainer shares its GPU: `config/gpu_defaults.py`); [] for none."""
-    state = None if cfg.fleet is None else read_state(cfg.fleet)
-    slot = held_slot(cfg.fleet, cfg.output_dir)
+def replica_gpus(name: str | None, holder: str, tp: int) -> list[str]:
+    """The GPUs of the replica of fleet `name` that `holder` holds (a run's output_dir, an eval's
+    name), each replica `tp` GPUs wide: where its vLLM is, for what depends on placement (vLLM's
+    dtype, whether the trainer shares its GPU: `config/gpu_defaults.py`) and for the GPU lease of
+    whoever holds it; [] for none."""
+    state = None if name is None else read_state(name)
+    slot = held_slot(name, holder)
     if state is None or slot is None:
         return []
-    tp = cfg.inference.tensor_parallel_size
     return state["gpu_ids"][slot * tp : (slot + 1) * tp]
 
 

@@ -108,7 +108,11 @@ def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, Placement]:
         reap_earlier_life(config.output_dir)
     cfg = split_cpus(config)  # async on a CPU box: vLLM and the trainer on separate cores
     p = preflight(cfg, ports)
-    fleet_gpus = [] if p.inference_gpus else replica_gpus(cfg)
+    fleet_gpus = (
+        []
+        if p.inference_gpus
+        else replica_gpus(cfg.fleet, cfg.output_dir, cfg.inference.tensor_parallel_size)
+    )
     resolved = gpu_defaults(cfg, p.inference_gpus or fleet_gpus, p.trainer_gpus)
     if fleet_gpus:  # attached: its replica is the fleet's, on the fleet's GPUs; the log and lease say so
         mode = "colocated" if shares(fleet_gpus, p.trainer_gpus) else "disaggregated"

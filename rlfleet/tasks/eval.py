@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefect import task
 
 from rlfleet.config.models import EvalJobConfig, InferenceJobConfig, RLConfig
-from rlfleet.fleet.attach import fleet_hold, fleet_urls, model_ticket
+from rlfleet.fleet.attach import fleet_hold, fleet_urls, model_ticket, replica_gpus
 from rlfleet.fleet.rest import wake
 from rlfleet.inference.pool import InferencePool
 from rlfleet.inference.server import launch_replicas, stop_replicas
@@ -18,6 +20,7 @@ from rlfleet.store import CorruptArtifact, RunDir, RunStore, layout, run_store
 from rlfleet.store.records import EvalRecord
 from rlfleet.tasks.rl import step_key
 from rlfleet.trainer.files import checkpoint_model_path, latest_checkpoint
+from rlfleet.workers.leases import run_lease
 
 
 def eval_record(store: RunStore, step: int | None, result: dict[str, Any], source: str) -> EvalRecord:
@@ -70,14 +73,23 @@ def evaluate_checkpoint(cfg: EvalJobConfig) -> dict[str, Any]:
     return eval_record(store, step, result, "eval")
 
 
+@contextmanager
+def held_replica(fleet: str, holder: str, tp: int) -> Iterator[int]:
+    """One replica of `fleet` held for `holder` (the first free one, waited for), its GPUs' slots
+    leased as a run on the fleet leases them; yields its index."""
+    with fleet_hold(fleet, holder) as slot, run_lease(holder, replica_gpus(fleet, holder, tp)):
+        assert slot is not None
+        yield slot
+
+
 def _on_fleet(
     cfg: EvalJobConfig, serve: InferenceJobConfig, step: int | None, model_dir: str
 ) -> dict[str, Any]:
-    """The checkpoint loaded on the fleet's replicas, held for the eval (a run holding the fleet is
-    waited for); the next run on the fleet loads its own weights first, as it always does."""
+    """The checkpoint loaded on one of the fleet's replicas, held for the eval (a run holding the
+    fleet is waited for) with its GPUs' slots leased, as a run on the fleet leases them; the next
+    run on the fleet loads its own weights first, as it always does."""
     assert cfg.fleet is not None
-    with fleet_hold(cfg.fleet, f"eval of {cfg.output_dir}") as slot:
-        assert slot is not None
+    with held_replica(cfg.fleet, f"eval of {cfg.output_dir}", cfg.inference.tensor_parallel_size) as slot:
         urls = fleet_urls(cfg.fleet, cfg.model, cfg.inference, cfg.seed)[slot : slot + 1]
         wake(urls)  # it rested asleep while no run held it
         job = serve.model_copy(
