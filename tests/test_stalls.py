@@ -9,9 +9,11 @@ import signal
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from rlfleet.config.faults import FaultsConfig
+from rlfleet.procs import wait_until
 from rlfleet.progress import Progress, StallError
 from rlfleet.runs.dumps import processes
 from rlfleet.runs.stalls import StallWatchdog
@@ -127,15 +129,18 @@ class FakeRun:
         self.halted = True
 
 
-HANG = "import time\ndef hang_in_a_step():\n    time.sleep(3600)\nprint('up', flush=True)\nhang_in_a_step()\n"
+HANG = "import time\ndef hang_in_a_step():\n    print('up', flush=True)\n    time.sleep(3600)\nhang_in_a_step()\n"
 
 
 @pytest.fixture
 def frozen():
-    """A real Python process inside `hang_in_a_step`, then SIGSTOPped (a frozen trainer)."""
+    """A real Python process inside `hang_in_a_step`, then SIGSTOPped (a frozen trainer): it says
+    so from inside, and the stop has taken (a signal lands when the process next runs)."""
     proc = subprocess.Popen([sys.executable, "-c", HANG], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "up\n"
     os.kill(proc.pid, signal.SIGSTOP)
+    me = psutil.Process(proc.pid)
+    wait_until(lambda: me.status() == psutil.STATUS_STOPPED, 30, what="the SIGSTOP to take")
     yield proc
     proc.kill()
     proc.wait()
