@@ -8,7 +8,7 @@
 #   bash benchmarks/learning_vs_trl_gpu.sh cold      # a one-GPU host: k = 1 then TRL (ORDER="trl rlfleet"), each
 #                                                    # alone on GPU 0 with its own empty compile caches; K=2: k = 2
 #   bash benchmarks/learning_vs_trl_gpu.sh offpolicy # a one-GPU host: long samples at k = 1, max_off_policy_steps
-#                                                    # 1 (the default) and 3, started together on GPU 0
+#                                                    # 1 (the default) then 3 (ARMS="3": that one alone)
 # MODEL (default /tmp/models/smollm2) is `rlfleet model smollm2`'s output; results go to $OUT/lvt.
 # Each rlfleet run gets its own vLLM port; TRL picks free ports itself. On an H200, H100_SHARE=0.69
 # leaves the 1.5B trainer what vLLM's 0.45 leaves it on an 80 GB H100 (~44 GB).
@@ -76,8 +76,11 @@ case ${1:-compare} in
   offpolicy)  # does keeping the samples that span 3 weight loads (m = 3) learn as m = k does?
     L=(--job examples/smollm2/reason.toml --max-tokens "${REASON_TOKENS:-1024}" --framework rlfleet --seed 0
        --orchestrator.max-async-level 1 --inference.gpu-memory-utilization 0.3)
-    lane 0 rlfleet_k1m1_s0 "${L[@]}" --variant k1m1 --inference.port 8150 --orchestrator.max-off-policy-steps 1
-    lane 0 rlfleet_k1m3_s0 "${L[@]}" --variant k1m3 --inference.port 8160 --orchestrator.max-off-policy-steps 3
+    # one after the other: two trainers sized at once on one GPU each count the other's memory as free
+    for m in ${ARMS:-1 3}; do
+      lane 0 "rlfleet_k1m${m}_s0" "${L[@]}" --variant "k1m$m" --inference.port 8150 --orchestrator.max-off-policy-steps "$m"
+      wait
+    done
     ;;
   cold)  # one after the other: sharing a GPU, TRL's vLLM can find no memory for its KV cache
     for fw in ${ORDER:-rlfleet trl}; do
