@@ -7,7 +7,6 @@ process, port or lock of the run left behind.
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 from typing import TypedDict
@@ -16,6 +15,7 @@ import psutil
 
 from rlfleet.procs import pid_alive
 from rlfleet.store import RunDir, RunStore, layout
+from rlfleet.trainer.checkpoint import optimizer_steps
 
 TAG = "RLFLEET_CHAOS_RUN"  # in the controller's environment: every process of the run inherits it
 
@@ -62,8 +62,6 @@ def describe(p: psutil.Process) -> str:
 def lineage(store: RunStore, max_steps: int, max_async: int) -> list[Check]:
     """Every step 0..max_steps-1 once: its own rollout and batch (no extra step dirs, no sample in
     two steps), its metrics and step record; each checkpoint's optimizer has taken step+1 steps."""
-    import torch
-
     want = list(range(max_steps))
     problems = []
     for kind in (layout.ROLLOUTS, layout.BATCHES):
@@ -97,8 +95,7 @@ def lineage(store: RunStore, max_steps: int, max_async: int) -> list[Check]:
         rel = layout.step_dir(layout.CHECKPOINTS, c)
         try:
             store.manifest(rel, verify=True)
-            opt = torch.load(io.BytesIO(store.read_bytes(f"{rel}/{layout.OPTIMIZER}")), weights_only=True)
-            taken = {int(v["step"]) for v in opt["state"].values()}
+            taken = optimizer_steps(store, rel)
             if taken != {c + 1}:
                 problems.append(f"checkpoint {c}: optimizer steps {sorted(taken)}, not {c + 1}")
             _load_model(store.local_path(rel, layout.CHECKPOINT_MODEL))

@@ -151,6 +151,10 @@ LEARNING = {  # results directory -> what its job is
         "one-digit addition, 32-token answers, cold, one GPU, each run alone (TRL first, k = 2)",
         "cold",
     ),
+    "learning_vs_trl_h100_1gpu_cold_k2": (
+        "one-digit addition, 32-token answers, cold, one H100, each run alone (TRL first, k = 2)",
+        "cold",
+    ),
     "fleet_back_to_back_h200_1gpu": (
         "one-digit addition, 32-token answers, three runs back to back on a one-GPU fleet, TRL cold",
         "",

@@ -13,7 +13,8 @@ from rlfleet.config.deployment import DeploymentConfig
 from rlfleet.config.gpu_defaults import PACKED_ROW_TOKENS, gpu_defaults
 from rlfleet.config.models import ModelConfig, RLConfig, TrainerJobConfig
 from rlfleet.config.placement import assign_gpus
-from rlfleet.store import RunStore
+from rlfleet.store import RunStore, layout
+from rlfleet.trainer.checkpoint import optimizer_steps
 from rlfleet.trainer.launch import TrainerProcess, torchrun_cmd
 from rlfleet.trainer.lm_head import chunked_logprobs, token_logprobs
 from rlfleet.trainer.parallel import apply_activation_checkpointing, apply_compile
@@ -127,6 +128,12 @@ def test_two_gloo_ranks_match_one_process_and_resume_on_one(tiny_model, tmp_path
         torch.testing.assert_close(b, a, atol=1e-3, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
 
     assert (dist2 / "checkpoints" / "step_1" / "dcp" / ".metadata").is_file()
+    # what a soak reads of each checkpoint, without a model: step N's optimizer has taken N + 1 steps
+    assert optimizer_steps(RunStore(ref), layout.step_dir(layout.CHECKPOINTS, 0)) == {1}  # optimizer.pt
+    assert [optimizer_steps(RunStore(dist2), layout.step_dir(layout.CHECKPOINTS, s)) for s in (0, 1)] == [
+        {1},
+        {2},
+    ]
     run_job(dist2, tiny_model, 3, None)  # resumes step 2 in one process from the 2-rank DCP checkpoint 1
     want, got = logged_losses(ref, range(3)), logged_losses(dist2, range(3))
     assert want[0] != want[2]  # the steps really trained

@@ -308,6 +308,30 @@ def _trainable(lm: torch.nn.Module, sd: dict[str, torch.Tensor]) -> dict[str, to
     return {n: sd[n] for n in names}
 
 
+def optimizer_steps(store: RunStore, rel: str) -> set[int]:
+    """The optimizer step counts in checkpoint `rel` (one per trained tensor; a checkpoint of step N
+    has taken N + 1), read from `optimizer.pt` or from the `optim.state.*.step` entries of `dcp/`,
+    without a model or a process group: what a soak or an audit checks of a checkpoint."""
+    if store.exists(f"{rel}/{layout.OPTIMIZER}"):
+        opt = torch.load(io.BytesIO(store.read_bytes(f"{rel}/{layout.OPTIMIZER}")), weights_only=True)
+        return {int(v["step"]) for v in opt["state"].values()}
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    local = store.local_path(rel) if store.is_local else stage_locally(store, rel, keep=1)
+    path = str(local / layout.DCP)
+    meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    steps = {
+        k: torch.empty(m.size, dtype=m.properties.dtype)
+        for k, m in meta.items()
+        if k.startswith("optim.state.") and k.endswith(".step") and isinstance(m, TensorStorageMetadata)
+    }
+    if not steps:
+        raise ValueError(f"{rel}: no optimizer state in optimizer.pt or dcp/")
+    dcp.load(steps, checkpoint_id=path)
+    return {int(t) for t in steps.values()}
+
+
 def dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
