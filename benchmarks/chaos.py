@@ -11,7 +11,8 @@ themselves (both in the report's `hangs`).
     nice -n 19 python benchmarks/chaos.py --duration-s 2160 --max-steps 200 --gap-s 10 40 \
         --orchestrator.batch-size 8 --out benchmarks/results/chaos_cpu_2core.json
 
-Other `--section.key value` arguments go to the run's command.
+Other `--section.key value` arguments go to the run's command: on a GPU host
+`--deployment.num-inference-gpus 1 --deployment.num-train-gpus 1` puts the job on one GPU.
 """
 
 from __future__ import annotations
@@ -44,15 +45,10 @@ from rlfleet.runs.lock import reap_earlier_life
 from rlfleet.store import RunStore
 
 KINDS = {"kill": 40, "stop": 15, "weight_load": 10, "checkpoint_write": 10, "reap": 8, "two": 12}
-PARTS = {  # SIGKILL targets, by weight
-    "controller": 10,
-    "trainer": 20,
-    "trainer_guard": 5,
-    "guard": 10,
-    "api_server": 20,
-    "engine_core": 20,
-    "prefect_server": 10,
-}
+# SIGKILL targets, by weight
+PARTS = dict(
+    controller=10, trainer=20, trainer_guard=5, guard=10, api_server=20, engine_core=20, prefect_server=10
+)
 STOPPABLE = ("trainer", "api_server", "engine_core")  # what the watchdog relaunches
 MOMENT_WAIT_S = 120.0  # a moment that does not come in this long: the fault goes in anyway
 POLL_S = 0.01
