@@ -1,9 +1,9 @@
 """Learning against time: eval pass@1 vs wall-clock seconds and vs steps, rlfleet vs TRL GRPOTrainer.
 
 One run = one framework, one variant, one seed, as its own command (imports, model load and engine
-start count for both, as in vs_trl.py). Both get the job (`--job`, default examples/smollm2/rl.toml; reason.toml
-asks for the working: long, variable samples) resolved by rlfleet's own
-loader with the same overrides: the same model, the same reasoning-gym prompts as chat messages (the
+start count for both, as in vs_trl.py). Both get the job (`--job`, default examples/smollm2/rl.toml;
+reason.toml asks for the working: long, variable samples) resolved by rlfleet's own loader with the
+same overrides: the same model, the same reasoning-gym prompts as chat messages (the
 system prompt included; TRL's token ids are checked equal to rlfleet's), in rlfleet's stream order
 (TRL: shuffle_dataset=False, one generation batch = one optimizer step = batch x group samples, as
 rlfleet's k = 0), the same reward (the env's `extract` + the dataset's `score_answer`), group size,
