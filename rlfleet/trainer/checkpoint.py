@@ -79,13 +79,14 @@ class CheckpointManager:
         lm = hf_export.hf_model(self.model)
         if store.exists(f"{rel}/{layout.OPTIMIZER}"):
             if self.lora:
-                lm.load_state_dict(_trainable(lm, self._read(f"{rel}/{layout.ADAPTER}")), strict=False)
-            self.optimizer.load_state_dict(self._read(f"{rel}/{layout.OPTIMIZER}"))
+                adapter = _read(store, f"{rel}/{layout.ADAPTER}", self.par.device)
+                lm.load_state_dict(_trainable(lm, adapter), strict=False)
+            self.optimizer.load_state_dict(_read(store, f"{rel}/{layout.OPTIMIZER}", self.par.device))
         else:  # into any world size, or no process group; from a verified local copy
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
-            local = store.local_path(rel) if store.is_local else stage_locally(store, rel, keep=1)
+            local = _local_copy(store, rel)
             state = dcp_state(self.model, self.optimizer)
             dcp.load(state, checkpoint_id=str(local / layout.DCP))
             set_state_dict(
@@ -96,10 +97,6 @@ class CheckpointManager:
                 options=_trainer_state_options(),
             )
         return step + 1
-
-    def _read(self, rel: str) -> dict[str, Any]:
-        data = io.BytesIO(self.store.read_bytes(rel))
-        return torch.load(data, map_location=self.par.device, weights_only=True)
 
     def prepare(self) -> float:
         """Make the host buffers of a sharded state at start-up, while vLLM starts; seconds spent.
@@ -308,18 +305,26 @@ def _trainable(lm: torch.nn.Module, sd: dict[str, torch.Tensor]) -> dict[str, to
     return {n: sd[n] for n in names}
 
 
+def _read(store: RunStore, rel: str, device: torch.device | str = "cpu") -> dict[str, Any]:
+    return torch.load(io.BytesIO(store.read_bytes(rel)), map_location=device, weights_only=True)
+
+
+def _local_copy(store: RunStore, rel: str) -> Path:
+    """Checkpoint `rel` on this machine: in place, or a verified copy of a remote store's."""
+    return store.local_path(rel) if store.is_local else stage_locally(store, rel, keep=1)
+
+
 def optimizer_steps(store: RunStore, rel: str) -> set[int]:
     """The optimizer step counts in checkpoint `rel` (one per trained tensor; a checkpoint of step N
     has taken N + 1), read from `optimizer.pt` or from the `optim.state.*.step` entries of `dcp/`,
     without a model or a process group: what a soak or an audit checks of a checkpoint."""
     if store.exists(f"{rel}/{layout.OPTIMIZER}"):
-        opt = torch.load(io.BytesIO(store.read_bytes(f"{rel}/{layout.OPTIMIZER}")), weights_only=True)
+        opt = _read(store, f"{rel}/{layout.OPTIMIZER}")
         return {int(v["step"]) for v in opt["state"].values()}
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    local = store.local_path(rel) if store.is_local else stage_locally(store, rel, keep=1)
-    path = str(local / layout.DCP)
+    path = str(_local_copy(store, rel) / layout.DCP)
     meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
     steps = {
         k: torch.empty(m.size, dtype=m.properties.dtype)
