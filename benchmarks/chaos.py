@@ -386,7 +386,7 @@ def main() -> None:
         error = repr(e)
     store = RunStore(out)
     ports = [port + i for i in range(cfg.inference.num_replicas)]
-    checks = leftovers(out, tag, ports) + lineage(store, a.max_steps, cfg.orchestrator.max_async_level)
+    checks = leftovers(out, tag, ports) + lineage(store, a.max_steps, cfg.orchestrator.max_staleness)
     doc = soak.report(checks) | {"command": cmd, "workdir": str(work), "error": error}
     doc["passed"] = doc["passed"] and error is None
     write(a.out, doc)

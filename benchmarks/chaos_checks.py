@@ -59,7 +59,7 @@ def describe(p: psutil.Process) -> str:
         return f"{p.pid} (gone)"
 
 
-def lineage(store: RunStore, max_steps: int, max_async: int) -> list[Check]:
+def lineage(store: RunStore, max_steps: int, max_staleness: int) -> list[Check]:
     """Every step 0..max_steps-1 once: its own rollout and batch (no extra step dirs, no sample in
     two steps), its metrics and step record; each checkpoint's optimizer has taken step+1 steps."""
     want = list(range(max_steps))
@@ -75,7 +75,7 @@ def lineage(store: RunStore, max_steps: int, max_async: int) -> list[Check]:
     seen: dict[str, int] = {}
     for s in store.complete_steps(layout.ROLLOUTS):
         m = store.manifest(layout.step_dir(layout.ROLLOUTS, s), verify=True)
-        if m["step"] != s or not (s - 1 - max_async <= m["policy_step"] <= s - 1):
+        if m["step"] != s or not (s - 1 - max_staleness <= m["policy_step"] <= s - 1):
             problems.append(f"rollouts/step_{s}: step {m['step']}, policy_step {m['policy_step']}")
         for uid in m["group_uids"]:
             if uid in seen:

@@ -104,8 +104,7 @@ def plot(files: list[str], png: str | None, summary_path: str | None) -> None:
         if summary["trl_final_pass@1"] is not None:
             ax.axhline(summary["trl_final_pass@1"], color="gray", ls="--", lw=0.8)
     axes[1].legend(fontsize=8, loc="lower right")
-    fig.suptitle(
-        "SmolLM2-135M-Instruct, one-digit addition: rlfleet vs TRL GRPOTrainer (thin: seeds, thick: mean)"
-    )
+    who = "rlfleet vs TRL GRPOTrainer" if any(fw == "trl" for fw, _ in groups) else "rlfleet's variants"
+    fig.suptitle(f"SmolLM2-135M-Instruct, one-digit addition: {who} (thin: seeds, thick: mean)")
     fig.tight_layout()
     fig.savefig(png, dpi=120)

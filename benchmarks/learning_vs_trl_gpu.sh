@@ -8,7 +8,7 @@
 #   bash benchmarks/learning_vs_trl_gpu.sh cold      # a one-GPU host: k = 1 then TRL (ORDER="trl rlfleet"), each
 #                                                    # alone on GPU 0 with its own empty compile caches; K=2: k = 2
 #   bash benchmarks/learning_vs_trl_gpu.sh offpolicy # a one-GPU host: long samples at k = 1, max_off_policy_steps
-#                                                    # 1 (the default) then 3 (ARMS="3": that one alone)
+#                                                    # 1 (m = k) then 3 (the default; ARMS="3": that one alone)
 # MODEL (default /tmp/models/smollm2) is `rlfleet model smollm2`'s output; results go to $OUT/lvt.
 # Each rlfleet run gets its own vLLM port; TRL picks free ports itself. On an H200, H100_SHARE=0.69
 # leaves the 1.5B trainer what vLLM's 0.45 leaves it on an 80 GB H100 (~44 GB).

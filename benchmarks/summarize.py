@@ -40,6 +40,14 @@ def long_tail_command(config: dict, flags: str) -> str:
     )
 
 
+def m_equals_k(config: dict) -> dict:
+    """`config` with m = k written into its k = 1 variants: unset, m was k when they ran (max(k, 3) now)."""
+    parts = config["variants"].split(";")
+    pin = " --orchestrator.max-off-policy-steps 1"
+    fixed = [p if "max-off-policy-steps" in p or "max-async-level 1" not in p else p + pin for p in parts]
+    return config | {"variants": ";".join(fixed)}
+
+
 def long_tail() -> list[Row]:
     """Job (a): a long-tailed GRPO job (0.5B shape, max_tokens 4096), trained tokens/s against TRL
     GRPOTrainer with colocated vLLM, same host and session."""
@@ -66,7 +74,7 @@ def long_tail() -> list[Row]:
 
 def long_tail_h100_vs_trl() -> list[Row]:
     """Job (a) against TRL on one H100 machine held for one session: m = 3 beside TRL in each of two
-    calls, then m = k (the default) and m = 3 again, read against both TRL runs."""
+    calls, then m = k and m = 3 again, read against both TRL runs."""
     pairs = [load(f"long_tail_h100_05b_m3_trl_{i}.json") for i in (1, 2)]
     mk = load("long_tail_h100_05b_mk_m3.json")
     trl = [d["results"]["trl"]["gen_tokens_per_s"] for d in pairs]
@@ -89,21 +97,44 @@ def long_tail_h100_vs_trl() -> list[Row]:
             page,
         ),
         Row(
-            "Long-tail GRPO job, trained tokens/s (0.5B shape, max_tokens 4096, k = 1, cuda_ipc, m = k: the default), "
+            "Long-tail GRPO job, trained tokens/s (0.5B shape, max_tokens 4096, k = 1, cuda_ipc, m = k), "
             "the same H100 session as TRL's runs",
             f"{base:,.0f}",
             peer,
             " / ".join(ratio(base / t) for t in trl),
             date(mk),
             machine(mk["env"]),
-            long_tail_command(mk["config"], "--only rlfleet"),
+            long_tail_command(m_equals_k(mk["config"]), "--only rlfleet"),
             page,
         ),
     ]
 
 
+def long_tail_h100_stream_fix() -> list[Row]:
+    """Job (a) at m = k with vLLM 0.26's cut streams patched: one run beside TRL, one more on the same
+    H100 machine, both read against that TRL run."""
+    pair, again = load("long_tail_h100_05b_mk_trl_fix.json"), load("long_tail_h100_05b_mk_fix_2.json")
+    trl = pair["results"]["trl"]["gen_tokens_per_s"]
+    mine = [d["results"]["cuda_ipc_mk"]["gen_tokens_per_s"] for d in (pair, again)]
+    c = m_equals_k(pair["config"])
+    micro = c["trl_grpo_config"]["per_device_train_batch_size"]
+    return [
+        Row(
+            "Long-tail GRPO job, trained tokens/s (0.5B shape, max_tokens 4096, k = 1, cuda_ipc, m = k), "
+            "vLLM 0.26's cut streams patched, two runs, the first beside TRL",
+            " / ".join(f"{t:,.0f}" for t in mine),
+            f"TRL 1.16 GRPOTrainer, micro-batch {micro}: {trl:,.0f}",
+            " / ".join(ratio(t / trl) for t in mine),
+            date(pair),
+            machine(pair["env"]),
+            long_tail_command(c, f"--trl-steps {c['trl_steps']} --trl-vllm --trl-micro {micro}"),
+            "benchmarks/long-generations.md#job-a-at-m-k-with-the-stream-fix-one-h100-2026-12-06-later",
+        )
+    ]
+
+
 def long_tail_off_policy() -> list[Row]:
-    """Job (a) at k = 1 with max_off_policy_steps 3 against the default (m = k), one machine."""
+    """Job (a) at k = 1 with max_off_policy_steps 3 against m = k (the default then), one machine."""
     m3, k1 = load("long_tail_h100_05b_8steps_m3.json"), load("long_tail_h100_05b_8steps_k1.json")
     r, base = m3["results"]["cuda_ipc_m3"], k1["results"]["cuda_ipc"]
     stale = base["stream"]["dropped_stale"]
@@ -152,7 +183,13 @@ LEARNING = {  # results directory -> what its job is
         "cold",
     ),
     "learning_vs_trl_h100_1gpu_cold_k2": (
-        "one-digit addition, 32-token answers, cold, one H100, each run alone (TRL first, k = 2)",
+        "one-digit addition, 32-token answers, cold, one H100, each run alone (TRL first, k = 2), "
+        "before the stream fix",
+        "cold",
+    ),
+    "learning_vs_trl_h100_1gpu_cold_k2_fix": (
+        "one-digit addition, 32-token answers, cold, one H100, each run alone (TRL first, k = 2), "
+        "vLLM 0.26's cut streams patched",
         "cold",
     ),
     "fleet_back_to_back_h200_1gpu": (
@@ -283,6 +320,7 @@ def fresh_clone() -> list[Row]:
 HEADLINES: list[Callable[[], list[Row]]] = [
     long_tail,
     long_tail_h100_vs_trl,
+    long_tail_h100_stream_fix,
     long_tail_off_policy,
     learning_vs_trl,
     smollm2_cpu,

@@ -94,13 +94,13 @@ def async_grpo_kwargs(
     cfg: Any, output_dir: Path, micro: int, cuda: bool, server_url: str, processes: int = 1
 ) -> dict[str, Any]:
     """`shared_kwargs` and AsyncGRPOTrainer's own: its vLLM server at `server_url`; a rollout at most
-    orchestrator.max_async_level policy versions old (older ones are dropped, as rlfleet drops them);
+    orchestrator.max_staleness policy versions old (older ones are dropped, as rlfleet drops them);
     weights to the server after every step; no token budget, so a step trains exactly `trl_batch`'s
     batch x group sequences (a budget makes the micro-batches' sample count vary). Its loss and
     advantages are its own (no loss_type, beta or scale_rewards to set)."""
     return shared_kwargs(cfg, output_dir, micro, cuda, processes) | {
         "vllm_server_base_url": server_url,
-        "max_staleness": cfg.orchestrator.max_async_level,
+        "max_staleness": cfg.orchestrator.max_staleness,
         "weight_sync_steps": 1,
         "token_budget": 0,
         "dtype": "bfloat16" if cuda else "float32",

@@ -63,7 +63,7 @@ DIFFERS = [
     "--trl-processes N one per GPU under torchrun (DDP; with --trl-vllm a colocated vLLM each), sharing the batch; "
     "with --trl-vllm-mode server or --trl-async, plus a vLLM server on a GPU of its own",
     "--trl-async: TRL's experimental AsyncGRPOTrainer has its own loss and advantages (no loss_type, beta or "
-    "scale_rewards to set), drops rollouts more than orchestrator.max_async_level versions old, and packs a "
+    "scale_rewards to set), drops rollouts more than rlfleet's max_off_policy_steps versions old, and packs a "
     "step's rows into prefix trees (flash-attn 3 from the `kernels` package)",
     "GPU: rlfleet trains through FSDP2 on one GPU (param_dtype bf16), TRL a plain module with bf16=True; both "
     "hold bf16 weights and step AdamW on them",

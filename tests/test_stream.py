@@ -46,10 +46,10 @@ def test_a_group_fits_a_step_only_if_every_token_is_within_k(oldest, newest, ste
     assert g.fits(step, k) is fits
 
 
-@pytest.mark.parametrize(("m", "taken"), [(None, False), (1, False), (2, True)])
+@pytest.mark.parametrize(("m", "taken"), [(None, True), (1, False), (2, True)])
 def test_max_off_policy_steps_keeps_a_group_that_spanned_more_loads_than_k(tmp_path, m, taken):
     """k = 1: a long sample that began on weights 0 and finished on 2 spans two loads. Step 3
-    takes it only if m >= 2; at m = k (unset) it is dropped as too stale and the fresh one trains."""
+    takes it only if m >= 2 (unset: 3); at m = k it is dropped as too stale and the fresh one trains."""
     store = RunStore(tmp_path)
     buffer(store, "long", [(0, 2), (2, 2)], 1.0)
     buffer(store, "fresh", [(2, 2), (2, 2)], 2.0)
@@ -63,7 +63,9 @@ def test_max_off_policy_steps_keeps_a_group_that_spanned_more_loads_than_k(tmp_p
 def test_max_off_policy_steps_below_k_is_refused():
     with pytest.raises(ValueError, match="max_off_policy_steps=0 is below max_async_level=1"):
         OrchestratorConfig(max_async_level=1, max_off_policy_steps=0)
-    assert OrchestratorConfig(max_async_level=2).max_staleness == 2
+    # unset: on-policy stays on-policy; with k >= 1 the bound is at least 3 versions
+    assert [OrchestratorConfig(max_async_level=k).max_staleness for k in (0, 1, 2, 5)] == [0, 3, 3, 5]
+    assert OrchestratorConfig(max_async_level=2, max_off_policy_steps=2).max_staleness == 2
     assert OrchestratorConfig(max_async_level=1, max_off_policy_steps=4).max_staleness == 4
 
 
@@ -77,7 +79,7 @@ def test_a_restarted_controller_keeps_the_buffered_groups_within_bound_and_takes
     buffer(store, "2-late", [(1, 1), (1, 1)], 4.0)  # finished after "1-fresh"
     buffer(store, "2-ahead", [(2, 2), (2, 2)], 5.0)  # weights 2: a resume at step 2 recomputes them
 
-    s = stream(store, next_step=2, k=1)
+    s = stream(store, next_step=2, k=1, m=1)
     assert buffered_groups(store) == {
         "1-stale",
         "1-fresh",

@@ -264,7 +264,7 @@ def test_the_stream_loading_its_tokenizer_is_starting_not_stalled(tmp_path, monk
 
 @THREADED
 def test_a_group_in_flight_that_no_step_left_can_take_is_aborted(tmp_path, monkeypatch):
-    """k = 1: a group started on the initial weights (-1) can train steps 0 and 1, or step 2
+    """k = m = 1: a group started on the initial weights (-1) can train steps 0 and 1, or step 2
     if a load came before its first token; once step 2 is taken, it is cancelled, not sampled on."""
     import threading
 
@@ -284,7 +284,9 @@ def test_a_group_in_flight_that_no_step_left_can_take_is_aborted(tmp_path, monke
         return await group(*args)
 
     monkeypatch.setattr(module, "rollout_group", rollout_group)
-    with running(RunStore(tmp_path), fake, batch_size=1, group_size=2, max_async_level=1) as s:
+    with running(
+        RunStore(tmp_path), fake, batch_size=1, group_size=2, max_async_level=1, max_off_policy_steps=1
+    ) as s:
         s.take(0)
         fake.version = 0  # weights 0 served: the group for step 2 starts
         s.notify()
@@ -322,7 +324,9 @@ def test_a_group_aborted_while_its_file_is_written_leaves_nothing_counted_in_fli
                 s._stop.wait()
             super().write_bytes(rel, data)
 
-    with running(SlowStore(tmp_path), fake, batch_size=1, group_size=2, max_async_level=1) as s:
+    with running(
+        SlowStore(tmp_path), fake, batch_size=1, group_size=2, max_async_level=1, max_off_policy_steps=1
+    ) as s:
         s.take(0)
         fake.version = 0
         s.notify()

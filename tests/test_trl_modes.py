@@ -73,7 +73,7 @@ def test_async_grpo_config_carries_the_job(trl, bench, tiny_model, tmp_path):
     spec = spec_for(bench, tiny_model, tmp_path, "async", 2, "--orchestrator.max-async-level", "2")
     args = AsyncGRPOConfig(**spec["grpo"])
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps * 2 == BATCH * GROUP
-    assert args.num_generations == GROUP and args.max_staleness == 2
+    assert args.num_generations == GROUP and args.max_staleness == 3  # rlfleet's m at k = 2
     cfg = load(RLConfig, ["@", str(bench["vs_trl"].JOB), "--model.path", str(tiny_model)])
     assert args.learning_rate == cfg.trainer.lr and args.max_completion_length == cfg.orchestrator.max_tokens
     assert (args.epsilon, args.epsilon_high) == (cfg.loss.clip_low, cfg.loss.clip_high)

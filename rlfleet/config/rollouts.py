@@ -9,6 +9,10 @@ from rlfleet.config.base import Strict
 from rlfleet.config.envs import EnvList, EvalEnvList, RepeatEnvConfig, RepeatEvalEnv, env_name, split_counts
 from rlfleet.config.shaping import ShapingConfig
 
+# max_off_policy_steps when unset and k >= 1: at m = 3 a long-tailed job trained every group it
+# sampled (1.12-1.20x m = k's tokens/s) and a SmolLM2 job learned as at m = k (docs/architecture.md)
+DEFAULT_OFF_POLICY_STEPS = 3
+
 
 class OrchestratorConfig(Strict):
     """What each step samples and how it becomes batches: envs, batch shape, staleness bounds."""
@@ -49,9 +53,9 @@ class OrchestratorConfig(Strict):
         None,
         ge=0,
         description="Step N trains on a group whose oldest token came from weights N-1-m or newer; "
-        "unset = max_async_level. Raising m above k keeps the samples that span more weight loads than k "
-        "(the long ones, which the bound otherwise drops first) while k still bounds how far sampling runs "
-        "ahead (prime-rl's max_off_policy_steps).",
+        f"unset = 0 at k = 0 (on-policy), else max(k, {DEFAULT_OFF_POLICY_STEPS}). m above k keeps the "
+        "samples that span more weight loads than k (the long ones, which the bound otherwise drops first) "
+        "while k still bounds how far sampling runs ahead (prime-rl's max_off_policy_steps, default 8).",
     )
     stall_timeout_s: float = Field(
         600.0,
@@ -70,7 +74,10 @@ class OrchestratorConfig(Strict):
     @property
     def max_staleness(self) -> int:
         """The oldest weights a step may train on, in versions behind its own (N-1)."""
-        return self.max_async_level if self.max_off_policy_steps is None else self.max_off_policy_steps
+        if self.max_off_policy_steps is not None:
+            return self.max_off_policy_steps
+        k = self.max_async_level
+        return k and max(k, DEFAULT_OFF_POLICY_STEPS)
 
     @model_validator(mode="after")
     def _shares_and_shaping(self) -> OrchestratorConfig:

@@ -7,8 +7,8 @@ directly. Three rules live here and nowhere else:
 - **Demand** (`wanted`): the steps still to be taken, up to the newest the served weights may
   train, need `batch_size` groups each; what is in flight or buffered counts against that.
 - **Take policy** (`take`): step N takes each env's share of `batch_size` groups with
-  `N-1-m <= oldest token's version` and `newest <= N-1` (m is `max_staleness`:
-  `max_off_policy_steps`, or k when unset), the one closest to going stale first (oldest token's
+  `N-1-m <= oldest token's version` and `newest <= N-1` (m: `max_off_policy_steps`, see
+  `OrchestratorConfig.max_staleness`), the one closest to going stale first (oldest token's
   version, then the first finished): a long group that finished late trains before fresher ones
   instead of going stale behind them. Groups that can no longer train any step are dropped and
   counted (`dropped_stale`).
