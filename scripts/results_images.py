@@ -1,4 +1,4 @@
-"""mkdocs hook: the benchmark pictures (`benchmarks/results/*.png`, each beside its JSON) served at
+"""mkdocs hook: the benchmark pictures (`benchmarks/results/**/*.png`, each beside its JSON) served at
 `benchmarks/results/` in the site, so a page under docs/benchmarks/ shows one as `results/NAME.png`
 without a copy of it in docs/."""
 
@@ -13,6 +13,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 def on_files(files: Any, config: Any) -> Any:
     from mkdocs.structure.files import File
 
-    for png in sorted(RESULTS.glob("*.png")):
-        files.append(File.generated(config, f"benchmarks/results/{png.name}", content=png.read_bytes()))
+    for png in sorted(RESULTS.rglob("*.png")):  # a results directory's pictures too
+        rel = png.relative_to(RESULTS).as_posix()
+        files.append(File.generated(config, f"benchmarks/results/{rel}", content=png.read_bytes()))
     return files
