@@ -45,6 +45,26 @@ def test_the_compiled_head_compiles_once_and_matches_eager():
                 torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.usefixtures("_eager_lm_head_after")
+def test_after_the_trainer_warm_up_longer_and_shorter_micro_batches_reuse_the_compiled_head(tiny_model):
+    """The warm-up row is shorter than a GPU's LM-head chunk; run in one chunk, it compiled a head
+    that recompiled at step 0 for every micro-batch longer than a chunk (09:23, one H100)."""
+    from rlfleet.trainer.train import Policy, load_model, warm_up
+
+    policy = Policy(load_model(str(tiny_model), "float32", torch.device("cpu")), lm_head_chunk=128)
+    lm_head.compile_lm_head()
+    torch._dynamo.reset()
+    warm_up(policy, None)
+    vocab = policy.lm.config.vocab_size
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for n in (300, 200, 129, 60):  # chunks: three, two, one (a 1-row tail joins the one before), one
+            ids = torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(n))
+            pos = torch.cat([torch.arange(n // 3), torch.arange(n - n // 3)]).unsqueeze(0)
+            logprobs, _ = policy(ids, 1.0, pos)
+            logprobs.sum().backward()
+    assert policy.lm_head_chunk == 128  # the warm-up's chunk was its own
+
+
 @pytest.fixture
 def _eager_lm_head_after():
     saved = lm_head._FWD, lm_head._BWD, lm_head._BWD_ENTROPY

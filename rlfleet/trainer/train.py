@@ -222,15 +222,22 @@ def warm_up(policy: Policy, par: Parallel | None, tokens: int = 97) -> float:
     initialises and compiled layers compile here, while vLLM starts, instead of inside step 0.
 
     `tokens` equals no model dimension: dynamo takes equal sizes for the same symbol, and a row of
-    64 tokens, the head_dim of the 0.5B and SmolLM2 shapes, recompiled every layer at step 0."""
+    64 tokens, the head_dim of the 0.5B and SmolLM2 shapes, recompiled every layer at step 0. The
+    chunked LM head runs in two chunks, as a micro-batch longer than `lm_head_chunk` does: in one,
+    each chunk is a view as long as its base, and the compiled head recompiled at step 0 for that."""
     start = time.perf_counter()
     device = next(policy.parameters()).device if par is None else par.device
     ids = torch.ones(1, tokens, dtype=torch.long)
     # two samples in one row, as a GPU trainer's micro-batches are: a compiled layer's graph for them
     pos = torch.cat([torch.arange(tokens // 2), torch.arange(tokens - tokens // 2)]).unsqueeze(0)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        batch = [{"input_ids": ids, "loss_mask": torch.zeros_like(ids), "position_ids": pos}]
-        accumulate(policy, batch, lambda mb, lp, ent: (lp.float().sum() * 0.0, {}), 1.0, par)
+    chunk = policy.lm_head_chunk
+    policy.lm_head_chunk = (tokens - 1) // 2 if chunk else 0
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            batch = [{"input_ids": ids, "loss_mask": torch.zeros_like(ids), "position_ids": pos}]
+            accumulate(policy, batch, lambda mb, lp, ent: (lp.float().sum() * 0.0, {}), 1.0, par)
+    finally:
+        policy.lm_head_chunk = chunk
     policy.zero_grad(set_to_none=True)
     return time.perf_counter() - start
 
