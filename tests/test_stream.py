@@ -66,6 +66,16 @@ def test_max_off_policy_steps_below_k_is_refused():
     # unset: on-policy stays on-policy; with k >= 1 the bound is at least 3 versions
     assert [OrchestratorConfig(max_async_level=k).max_staleness for k in (0, 1, 2, 5)] == [0, 3, 3, 5]
     assert OrchestratorConfig(max_async_level=2, max_off_policy_steps=2).max_staleness == 2
+    # the flow's log says which bound a run got, and why when the default chose it
+    assert (
+        "at most 3 weight loads old (max_off_policy_steps unset"
+        in OrchestratorConfig(max_async_level=1).describe_async()
+    )
+    assert (
+        OrchestratorConfig(max_async_level=1, max_off_policy_steps=1)
+        .describe_async()
+        .endswith("1 weight load old")
+    )
     assert OrchestratorConfig(max_async_level=1, max_off_policy_steps=4).max_staleness == 4
 
 

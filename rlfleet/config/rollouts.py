@@ -79,6 +79,21 @@ class OrchestratorConfig(Strict):
         k = self.max_async_level
         return k and max(k, DEFAULT_OFF_POLICY_STEPS)
 
+    def describe_async(self) -> str:
+        """One line for the flow's log: how far sampling runs ahead and how stale a trained group may be."""
+        k, m = self.max_async_level, self.max_staleness
+        if not k:
+            return "on-policy (max_async_level 0): each step samples on the weights of the step before"
+        unset = (
+            f" (max_off_policy_steps unset: max(k, {DEFAULT_OFF_POLICY_STEPS}))"
+            if self.max_off_policy_steps is None
+            else ""
+        )
+        return (
+            f"async: sampling runs up to {k} step{'s' if k > 1 else ''} ahead of the trainer; a step trains "
+            f"groups whose oldest token is at most {m} weight load{'s' if m > 1 else ''} old{unset}"
+        )
+
     @model_validator(mode="after")
     def _shares_and_shaping(self) -> OrchestratorConfig:
         if self.max_staleness < self.max_async_level:

@@ -104,6 +104,7 @@ def tag_run(cfg: RLConfig) -> None:
 def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
     log = get_run_logger()
     log.info("placement: %s", placement.describe())
+    log.info("%s", cfg.orchestrator.describe_async())
     paths = write_configs(cfg, placement)
     store = run_store(cfg.output_dir)
     acquire_run_lock(store)
