@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import itertools
 import os
 import random
@@ -34,7 +35,7 @@ from typing import Any
 
 import psutil
 from chaos_checks import TAG, Check, leftovers, lineage
-from chaos_report import Fault, fault_counts, show
+from chaos_report import Fault, combined, fault_counts, show
 from chaos_run import RunView
 from common import ROOT, free_port, tiny_model, write
 
@@ -50,6 +51,7 @@ PARTS = dict(
     controller=10, trainer=20, trainer_guard=5, guard=10, api_server=20, engine_core=20, prefect_server=10
 )
 STOPPABLE = ("trainer", "api_server", "engine_core")  # what the watchdog relaunches
+EARLY_S = 15.0  # a life's first seconds: start-up, a resume's discards, step 0 of a fresh run
 MOMENT_WAIT_S = 120.0  # a moment that does not come in this long: the fault goes in anyway
 POLL_S = 0.01
 FRUITLESS = 10  # controllers in a row that exit with a failure: the soak's finding
@@ -70,9 +72,14 @@ class Soak:
         self.proc: subprocess.Popen | None = None
         self.last_step, self.last_step_at = -1, time.monotonic()
         self.ended_at: int | None = None  # the step `--finish-steps` ended the run at
+        self.early_at: float | None = None  # a fault due in this life's first seconds
 
     # -- the run --------------------------------------------------------------------------------
     def start(self) -> None:
+        """Start a controller life; with `--early` odds its next fault lands in the life's first
+        `EARLY_S` seconds, whatever it has done (a resume's own start is a moment too)."""
+        if self.rng.random() < self.a.early:
+            self.early_at = self.now() + self.rng.uniform(0, EARLY_S)
         self.log.write(f"\n=== chaos: controller start {len(self.exits)} at {self.now():.1f} s\n".encode())
         self.log.flush()
         self.proc = subprocess.Popen(
@@ -168,6 +175,7 @@ class Soak:
             "pids": [p.pid for p in procs],
             "moment": moment,
             "step": self.view.steps_done(),
+            "before_first_checkpoint": not self.view.checkpoints(),
             "outcome": None,
         }
         self.faults.append(f)
@@ -259,16 +267,20 @@ class Soak:
         `--max-wait-s`: faults faster than a restart (1-2 min here) would keep the run from ever
         stepping, and a loaded box from ever being faulted."""
         self.start()
-        next_at, last = self.rng.uniform(*self.a.gap_s), time.time()
+        next_at, last = self.rng.uniform(0, self.a.gap_s[1]), time.time()  # the run's first seconds too
         try:
             while self.tick():
                 injecting = self.now() < self.a.duration_s and len(self.faults) < self.a.max_faults
                 stepped = self.view.stepped_since(last)
-                ready = stepped or time.time() - last > self.a.max_wait_s
+                ready = stepped or time.time() - last > self.a.max_wait_s or not self.faults
+                early = self.early_at is not None and self.now() >= self.early_at
                 if not injecting and self.a.finish_steps and self.ended_at is None:
                     self.end_within(self.a.finish_steps)
-                if injecting and self.now() >= next_at and self.alive() and ready:
-                    done = self.inject(controller_ok=stepped)
+                if injecting and self.alive() and (early or (self.now() >= next_at and ready)):
+                    self.early_at = None
+                    # the controller is spared only right after its own kill with no step since:
+                    # kills of it alone, each before a restart could step, kept the run at a standstill
+                    done = self.inject(controller_ok=stepped or not self.killed_controller())
                     next_at = self.now() + (self.rng.uniform(*self.a.gap_s) if done else 0.5)
                     last = time.time() if done else last
                 time.sleep(0.2)
@@ -280,6 +292,10 @@ class Soak:
             if self.alive():
                 self.proc.kill()
             self.log.close()
+
+    def killed_controller(self) -> bool:
+        """Whether the last fault killed the controller."""
+        return bool(self.faults) and "controller" in self.faults[-1]["parts"]
 
     def end_within(self, steps: int) -> None:
         """End the run `steps` steps from here (`--finish-steps`): its controller is SIGKILLed once
@@ -347,9 +363,16 @@ def main() -> None:
     ap.add_argument(
         "--max-wait-s", type=float, default=60.0, help="a fault waits this long at most for a step"
     )
+    ap.add_argument(
+        "--early",
+        type=float,
+        default=0.25,
+        help="odds that a controller life's next fault is in its first seconds",
+    )
     ap.add_argument("--stall-timeout-s", type=float, default=20.0, help="the run's faults.stall_timeout_s")
     ap.add_argument("--hang-s", type=float, default=600.0, help="no step this long: a hang (a failure)")
     ap.add_argument("--max-restarts", type=int, default=10_000)
+    ap.add_argument("--runs", type=int, default=1, help="runs one after the other, splitting --duration-s")
     ap.add_argument("--workdir", help="where the run, its model and logs go (default: a new temp dir)")
     ap.add_argument("--out", required=True)
     a, overrides = ap.parse_known_args()
@@ -359,14 +382,28 @@ def main() -> None:
     print(f"chaos: seed {a.seed}", flush=True)
     work = Path(a.workdir or tempfile.mkdtemp(prefix="rlfleet-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
-    out, port = work / "run", free_port()
+    model = tiny_model(work)
+    docs = []
+    for i in range(a.runs):  # one after the other, each with its own first steps to fault
+        one = copy.copy(a)
+        one.seed, one.duration_s = a.seed + i, a.duration_s / a.runs
+        docs.append(soak_one(one, work / f"run{i}" if a.runs > 1 else work, model, overrides))
+        show(docs[-1])
+    doc = docs[0] if a.runs == 1 else combined(docs)
+    write(a.out, doc)
+    sys.exit(0 if doc["passed"] else 1)
+
+
+def soak_one(a: argparse.Namespace, base: Path, model: Path, overrides: list[str]) -> dict[str, Any]:
+    """One run under faults from start to end, then its end-state checks."""
+    base.mkdir(parents=True, exist_ok=True)
+    out, port = base / "run", free_port()
     args = [
         "@", str(ROOT / "examples/tiny/rl.toml"),
-        "--model.path", str(tiny_model(work)),
+        "--model.path", str(model),
         "--output-dir", str(out),
         "--max-steps", str(a.max_steps),
         "--inference.port", str(port),
-        "--trainer.checkpoint-interval", "2",
         "--tasks.retries", "3",
         "--faults.stall-timeout-s", str(a.stall_timeout_s),
         "--wandb.mode", "disabled",
@@ -376,8 +413,8 @@ def main() -> None:
     cmd = [sys.executable, "-m", "rlfleet.cli", "rl", *args]
     tag = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # its own temporary server
-    env |= {TAG: tag, "PREFECT_HOME": str(work / "prefect"), "PYTHONUNBUFFERED": "1"}
-    print(f"chaos: run {out}, log {work / 'controller.log'}", flush=True)
+    env |= {TAG: tag, "PREFECT_HOME": str(base / "prefect"), "PYTHONUNBUFFERED": "1"}
+    print(f"chaos: run {out}, log {base / 'controller.log'}", flush=True)
     soak = Soak(a, cmd, out, env, port)
     error = None
     try:
@@ -387,13 +424,11 @@ def main() -> None:
     store = RunStore(out)
     ports = [port + i for i in range(cfg.inference.num_replicas)]
     checks = leftovers(out, tag, ports) + lineage(store, a.max_steps, cfg.orchestrator.max_staleness)
-    doc = soak.report(checks) | {"command": cmd, "workdir": str(work), "error": error}
+    doc = soak.report(checks) | {"command": cmd, "workdir": str(base), "error": error}
     doc["passed"] = doc["passed"] and error is None
-    write(a.out, doc)
     if error is not None:  # the soak killed its controller: what a rerun would reap goes now
         reap_earlier_life(str(out))
-    show(doc)
-    sys.exit(0 if doc["passed"] else 1)
+    return doc
 
 
 if __name__ == "__main__":

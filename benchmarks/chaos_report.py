@@ -17,6 +17,7 @@ class Fault(TypedDict):
     pids: list[int]
     moment: str | None  # what was true when it went in ("missed": the moment did not come)
     step: int  # steps done at the time
+    before_first_checkpoint: bool  # no complete checkpoint yet: the rerun resumes from the base model
     outcome: str | None  # a stop's: recovered, superseded, not_recovered
 
 
@@ -28,6 +29,7 @@ def fault_counts(faults: list[Fault]) -> dict[str, Any]:
         "sigkills": len(kills),
         "sigstops": len(stops),
         "faults_by_kind": dict(Counter(f["kind"] for f in faults)),
+        "before_first_checkpoint": sum(bool(f.get("before_first_checkpoint")) for f in faults),
         "kills_by_part": dict(Counter(p for f in kills for p in f["parts"])),
         "stops_by_part": dict(Counter(p for f in stops for p in f["parts"])),
         "moments": dict(Counter(f"{f['kind']}: {f['moment']}" for f in faults if f["moment"])),
@@ -44,7 +46,22 @@ def show(doc: dict[str, Any]) -> None:
         + [[f"SIGSTOP {k}", v] for k, v in sorted(doc["stops_by_part"].items())]
         + [[f"SIGSTOP {k}", v] for k, v in sorted(doc["sigstop_outcomes"].items())]
         + [[f"fault kind {k}", v] for k, v in sorted(doc["faults_by_kind"].items())]
+        + [["before the first checkpoint", doc["before_first_checkpoint"]]]
         + [["restarts", doc["restarts"]], ["steps", doc["steps"]]],
     )
     checks = doc["checks"]
     table("end-state checks", ["check", "ok", "detail"], [[c["name"], c["ok"], c["detail"]] for c in checks])
+
+
+def combined(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs of one soak as one report: totals first, each run's own report under `runs`."""
+    total = {k: sum(d[k] for d in docs) for k in ("duration_s", "faults", "sigkills", "sigstops", "restarts")}
+    total |= {k: sum(d[k] for d in docs) for k in ("steps", "before_first_checkpoint", "stalls_written")}
+    return {
+        "seed": docs[0]["seed"],
+        **total,
+        "hangs": [h for d in docs for h in d["hangs"]],
+        "checks_failed": [c for d in docs for c in d["checks"] if not c["ok"]],
+        "passed": all(d["passed"] for d in docs),
+        "runs": docs,
+    }

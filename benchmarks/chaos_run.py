@@ -86,6 +86,10 @@ class RunView:
             return False
         return served is not None and max(steps) > served
 
+    def checkpoints(self) -> list[int]:
+        """Complete checkpoints: none yet, and a rerun resumes from the base model."""
+        return self.store.complete_steps(layout.CHECKPOINTS)
+
     def checkpointing(self) -> bool:
         return bool(self.names(layout.CHECKPOINTS, ".tmp-step_"))
 

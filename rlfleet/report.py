@@ -3,14 +3,17 @@ and wandb metrics."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from pathlib import Path
 from typing import Any
 
+import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rlfleet.sentinel import watch
 from rlfleet.store import RunStore, layout
 from rlfleet.store.records import StepRecord, TrainerMetrics
 
@@ -116,6 +119,10 @@ class WandbSink:
             settings=wandb.Settings(silent=True, console="off"),
         )
         self.path = self.run.url if mode == "online" else str(Path(self.run.dir).parent)
+        for child in psutil.Process().children():  # wandb's service: it dies with this process
+            with contextlib.suppress(psutil.Error):
+                if child.name().startswith("wandb"):
+                    watch(child.pid)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if self.run is not None:

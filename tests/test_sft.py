@@ -177,6 +177,31 @@ def test_resumed_training_matches_an_uninterrupted_run(tiny_model, tmp_path):
     assert mean(losses[-2:]) < 0.8 * mean(losses[:2]), losses
 
 
+def test_a_rerun_before_the_first_checkpoint_redoes_every_step_from_the_base_model(tiny_model, tmp_path):
+    """A life killed before its first checkpoint left metrics, weights and a half-written
+    checkpoint: the rerun resumes at step 0 all the same, discards them, and trains as a run that
+    never stopped (trainer/resume.py: one rule with or without a checkpoint)."""
+    import shutil
+
+    args = ["--max-steps", "3", "--trainer.checkpoint-interval", "10"]
+    straight = run_sft(example_config(tiny_model, tmp_path / "a", *args), progress=False)
+    dead = tmp_path / "b"
+    shutil.copytree(tmp_path / "a" / "metrics", dead / "metrics")  # its records of steps 0-2
+    shutil.copytree(tmp_path / "a" / "weights", dead / "weights")
+    (dead / "checkpoints" / ".tmp-step_2-0123abcd").mkdir(parents=True)  # its last write, cut
+    planted = {p.name: p.stat().st_mtime_ns for p in (dead / "metrics").iterdir()}
+
+    resumed = run_sft(example_config(tiny_model, dead, *args), progress=False)
+
+    assert [s["loss"] for s in resumed["steps"]] == pytest.approx(
+        [s["loss"] for s in straight["steps"]], rel=1e-4
+    )
+    assert all((dead / "metrics" / n).stat().st_mtime_ns != t for n, t in planted.items()), (
+        "every step redone"
+    )
+    assert not list((dead / "checkpoints").glob(".tmp-*"))
+
+
 def test_two_ranks_via_the_flow_match_one_process_and_resume_on_one(
     prefect_api, tiny_model, tmp_path, monkeypatch
 ):

@@ -66,7 +66,7 @@ from rlfleet.tasks.rl import (
     train,
 )
 from rlfleet.tasks.storage import load_credentials_block
-from rlfleet.trainer.resume import discard_stale, resume_step
+from rlfleet.trainer.resume import resume
 from rlfleet.weights.tickets import forget_served
 from rlfleet.workers.leases import run_lease
 
@@ -110,9 +110,10 @@ def _run(cfg: RLConfig, placement: Placement, t0: float) -> dict[str, Any]:
     acquire_run_lock(store)
     hold_temporary_server(store)  # a SIGKILLed controller's rerun reaps it
     forget_served(store)  # an earlier controller's replicas died with it
-    start = resume_step(store)
-    if start:
-        log.info("resuming at step %d; discarded %s", start, discard_stale(store, start) or "nothing")
+    resumed = resume(store)  # None: a fresh output_dir
+    start = 0 if resumed is None else resumed.start
+    if resumed is not None:
+        log.info("%s", resumed.describe())
         if restored := restore_step_records(store, start):
             log.warning(
                 "steps %s were trained but had no record (the controller died first): rebuilt", restored

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rlfleet.config.loader import ConfigError
 from rlfleet.procs import pid_alive, reap_pidfile, write_pidfile
+from rlfleet.sentinel import watch
 from rlfleet.store import RunDir, RunStore, local_dir
 
 
@@ -32,8 +33,9 @@ def check_not_running(local: str | Path, url: str) -> None:
 
 def adopt(store: RunStore, name: str, pid: int) -> None:
     """Name a process this controller started by other means than the run's launchers (Prefect's
-    temporary server) in the run's pidfiles: a rerun after the controller is killed reaps it with
-    the rest (`reap_earlier_life`)."""
+    temporary server) to the sentinel, which takes it down when the controller dies, and in the
+    run's pidfiles, for a rerun's reap (`reap_earlier_life`) where no sentinel ran (not Linux)."""
+    watch(pid)
     write_pidfile(RunDir(store.local_dir).pidfile(name), pid)
 
 

@@ -261,6 +261,13 @@ class RunStore:
         names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(self.path(kind), detail=False)]
         return sorted(s for n in names if (s := step_of(n, ".json")) is not None)
 
+    def staged(self, kind: str) -> list[str]:
+        """Staging dirs under `<kind>/` that were never published (a writer died mid-write; a local
+        store's only: a remote one stages under this machine's temp dir)."""
+        if not self.is_local or not self.local_path(kind).is_dir():
+            return []
+        return [f"{kind}/{p.name}" for p in sorted(self.local_path(kind).glob(".tmp-step_*")) if p.is_dir()]
+
     def remove(self, rel: str) -> None:
         p = self.path(rel)
         if not self.fs.exists(p):

@@ -53,15 +53,17 @@ def checkpoint_model_path(store: RunStore, step: int) -> str:
     return str(stage_locally(store, rel, keep=1) / layout.CHECKPOINT_MODEL)
 
 
-def prune_steps(store: RunStore, kind: str, keep: int, protect: int | None = None) -> list[int]:
-    """Remove complete `kind` steps older than the newest `keep` (0 = none), except `protect`, plus
-    leftovers of cut uploads (no manifest) older than the oldest kept: the trainer never writes
-    those again."""
+def prune_steps(
+    store: RunStore, kind: str, keep: int, protect: int | None = None, held: int | None = None
+) -> list[int]:
+    """Remove complete `kind` steps older than the newest `keep` (0 = none), except `protect` and
+    any at or past `held` (a step replicas serve or are loading), plus leftovers of cut uploads (no
+    manifest) older than the oldest kept: the trainer never writes those again."""
     steps = store.complete_steps(kind)
     kept = steps[-keep:] if keep > 0 else steps
     if not kept:
         return []
-    gone = [s for s in steps if s not in kept and s != protect]
+    gone = [s for s in steps if s not in kept and s != protect and (held is None or s < held)]
     gone += [s for s in store.step_dirs(kind) if s < kept[0] and s not in steps]
     for s in gone:
         store.remove(layout.step_dir(kind, s))

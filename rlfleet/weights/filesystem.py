@@ -15,6 +15,7 @@ from rlfleet.store import RunStore, layout
 from rlfleet.trainer import hf_export
 from rlfleet.trainer.files import prune_steps
 from rlfleet.trainer.parallel import Parallel
+from rlfleet.weights.tickets import served_step
 
 
 def publish_weights(
@@ -35,7 +36,9 @@ class FilesystemPublisher:
     def publish(self, step: int, model: torch.nn.Module) -> None:
         publish_weights(self.store, step, model, self.tokenizer_dir, self.par)
         if self.par.is_main:
-            prune_steps(self.store, layout.WEIGHTS, self.keep)  # the newest `keep` snapshots
+            # the newest `keep` snapshots, and every one from the served step on: a replica that
+            # holds or loads it relaunches from its files (keep_weights = 1 pruned them under it)
+            prune_steps(self.store, layout.WEIGHTS, self.keep, held=served_step(self.store))
 
     def serve(self, step: int) -> None:
         """Nothing to hand over: the replicas read the files when the controller asks them to."""
