@@ -1,0 +1,67 @@
+#!/bin/bash
+# The pinned GPU stack (vLLM 0.32.0, torch 2.13.0) on one lent GPU, in few calls (docs/gpus.md):
+#   bash benchmarks/gpu_session.sh smoke       # torch 2.13 on the image's CUDA 13: import, a matmul, NCCL
+#   bash benchmarks/gpu_session.sh soak        # the chaos soak (SmolLM2, cuda_ipc, k = 1) in the background
+#   bash benchmarks/gpu_session.sh tests       # pytest -m gpu
+#   bash benchmarks/gpu_session.sh quickstart  # make run-gpu as a user runs it, the stack already in place
+#   bash benchmarks/gpu_session.sh collect     # wait for the soak to end; its JSON and logs to $OUT
+# The site is the gpu-kit's, unpacked to /tmp/site (`SMOKE_ONLY=1 bash .gpu/sh/a.sh`); SmolLM2's GGUF
+# is /tmp/models/$(cat .gpu/m0/NAME). Results go to $OUT.
+set -u
+OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=180   # a cold machine's first server start
+GGUF=/tmp/models/$(cat .gpu/m0/NAME 2>/dev/null || echo SmolLM2-135M-Instruct.Q4_1.gguf)
+SMOL=/tmp/models/smollm2
+smollm2() { [ -f $SMOL/config.json ] || python3 -m rlfleet.cli model smollm2 --out $SMOL --gguf "$GGUF"; }
+case ${1:?smoke, soak, tests, quickstart or collect} in
+  smoke)  # after the kit's unpack: torch 2.13 needs NCCL 2.29 (ncclCommResume), which the image lacks
+    if [ ! -f /tmp/site/.nccl ] && ls /tmp/stage/n* > /dev/null 2>&1; then
+      cat /tmp/stage/n* | xz -d | tar -x -C /tmp/site && touch /tmp/site/.nccl
+    fi
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/smoke.log"
+    python3 - <<'PY' 2>&1 | tee -a "$OUT/smoke.log"
+import os, torch, torch.distributed as dist
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(),
+      "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version())
+a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+torch.cuda.synchronize(); print("matmul", float((a @ a).float().abs().mean()))
+x = torch.nn.functional.conv2d(torch.randn(1, 3, 32, 32, device="cuda"), torch.randn(8, 3, 3, 3, device="cuda"))
+print("cudnn conv", tuple(x.shape))
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29511")
+dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+t = torch.ones(8, device="cuda"); dist.all_reduce(t); print("nccl all_reduce", float(t.sum()))
+dist.destroy_process_group()
+import vllm, transformers, prefect; print("vllm", vllm.__version__, "transformers", transformers.__version__, "prefect", prefect.__version__)
+PY
+    smollm2 2>&1 | tail -2
+    ;;
+  soak)  # >= 20 minutes of faults over two runs, each from its first seconds
+    smollm2 > /dev/null 2>&1
+    setsid nohup python3 benchmarks/chaos.py --duration-s ${SOAK_S:-1200} --runs 2 --max-steps 400 \
+      --gap-s 5 25 --max-wait-s 30 --finish-steps 3 --workdir /tmp/gsoak --out /tmp/gsoak/chaos_gpu.json \
+      --model.path $SMOL --deployment.num-inference-gpus 1 --deployment.num-train-gpus 1 \
+      --weights.transport cuda_ipc --orchestrator.max-async-level 1 --inference.gpu-memory-utilization 0.25 \
+      > /tmp/gsoak.log 2>&1 < /dev/null &
+    echo "soak started: pid $!"
+    ;;
+  tests)
+    timeout ${TESTS_S:-540} python3 -m pytest -m gpu -p no:cacheprovider -q -rs --junitxml "$OUT/gpu_tests.xml" \
+      tests/test_gpu.py > "$OUT/gpu_tests.log" 2>&1
+    echo "pytest rc=$?"; tail -30 "$OUT/gpu_tests.log"
+    ;;
+  quickstart)
+    s=$(date +%s)
+    timeout ${QS_S:-540} make run-gpu GPU_STAMP= RLFLEET="python3 -m rlfleet.cli" SMOLLM2_GGUF="$GGUF" \
+      > "$OUT/quickstart.log" 2>&1
+    echo "make run-gpu rc=$? wall=$(( $(date +%s) - s )) s"
+    grep -E "eval|pass@1|step 0 |run smollm2" "$OUT/quickstart.log" | tail -12
+    cp outputs/smollm2-gpu/summary.json "$OUT/quickstart_summary.json" 2>/dev/null
+    ;;
+  collect)
+    while pgrep -f benchmarks/chaos.py > /dev/null && [ $SECONDS -lt ${COLLECT_S:-560} ]; do sleep 5; done
+    tail -40 /tmp/gsoak.log
+    cp /tmp/gsoak/chaos_gpu.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/gsoak_logs.tgz" /tmp/gsoak.log /tmp/gsoak/run*/controller.log 2>/dev/null
+    ;;
+esac
