@@ -29,12 +29,10 @@ from tests.helpers import serve_app
 class Server:
     """Streams token 100 + position, one chunk per token, `delay_s` apart. `die_after` cuts every
     stream after that many tokens; `stall_after` stops sending (connection open) after that many;
-    `gates[i]`, when set, is awaited before token i of every stream. `group_bug`: a request of
-    n > 1 streams choice 0's first token, then the error vLLM 0.26 sends there."""
+    `gates[i]`, when set, is awaited before token i of every stream."""
 
-    def __init__(self, delay_s=0.0, die_after=None, stall_after=None, gates=None, group_bug=False):
+    def __init__(self, delay_s=0.0, die_after=None, stall_after=None, gates=None):
         self.delay_s, self.die_after, self.stall_after = delay_s, die_after, stall_after
-        self.group_bug = group_bug
         self.health_status = 200
         self.health_gate: threading.Event | None = None  # when set: /health answers only once it is
         self.gates: dict[int, threading.Event] = gates or {}
@@ -65,13 +63,6 @@ class Server:
                     await asyncio.sleep(3600)
                 await asyncio.sleep(self.delay_s)
                 last = pos == params["max_tokens"] - 1
-                if self.group_bug and params["n"] > 1:
-                    first = {"index": 0, "token_ids": [100 + len(body["token_ids"])], "logprobs": lp}
-                    yield f"data: {json.dumps({'choices': [first]})}\n\n"
-                    error = {"message": "list index out of range", "type": "InternalServerError", "code": 500}
-                    yield f"data: {json.dumps({'error': error})}\n\n"
-                    yield "data: [DONE]\n\n"
-                    return
                 for i in range(params["n"]):
                     choice = {
                         "index": i,
@@ -215,28 +206,6 @@ def test_a_failed_replica_s_samples_continue_elsewhere_from_their_tokens(servers
         )
         == [([1, 2, 102, 103, 104], 5, 1)] * 2
     )
-
-
-def test_a_replica_that_fails_groups_gets_one_sample_a_request(servers):
-    """vLLM 0.26 fails a streamed request of n > 1 whose first output holds fewer samples: what
-    was streamed is kept, the rest continues a sample a request, and that replica is not sent a
-    group again (nor counted as failing)."""
-    buggy = servers(group_bug=True)
-
-    async def main():
-        sampler = Sampler(FixedReplicas([buggy.url]), 1.0, 30.0)
-        try:
-            return await sampler.sample([1, 2], 2, 4), await sampler.sample([1, 2], 2, 4), sampler
-        finally:
-            await sampler.aclose()
-
-    first, second, sampler = asyncio.run(main())
-    assert sampler.one_per_request == {buggy.url} and not sampler.failing[buggy.url]
-    assert [b["sampling_params"]["n"] for b in buggy.bodies] == [2] + [1] * 4
-    assert first[0].completion_ids == [102, 103, 104, 105], "continued from its streamed token"
-    assert first[1].completion_ids == [102, 103, 104, 105]
-    assert [s.resent for s in first] == [1, 1] and [s.resent for s in second] == [0, 0]
-    assert all(len(s.completion_ids) == len(s.logprobs) == 4 for s in first + second)
 
 
 def test_a_replica_relaunched_by_the_pool_takes_the_rest(servers):

@@ -5,21 +5,18 @@ What vLLM needs from us: start its `vllm.entrypoints.openai.api_server` through 
 process and forks a CPU replica's engine core), `VLLM_SERVER_DEV_MODE=1` for the `/collective_rpc`
 endpoint used by weight broadcast, `processed_logprobs` so returned logprobs are those of the
 distribution actually sampled from (after temperature), and the token-in/token-out endpoint the
-sampler streams from (`token_endpoint_args`).
+sampler streams from (`--enable-scale-out`, vLLM 0.32).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import importlib.util
 import logging
 import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 
@@ -81,22 +78,7 @@ def server_args(cfg: InferenceJobConfig, port: int, model_path: str | None = Non
         args += ["--max-num-seqs", str(i.max_num_seqs)]
     if i.sleep:
         args.append("--enable-sleep-mode")
-    return args + token_endpoint_args() + list(i.extra_args)
-
-
-@functools.cache
-def token_endpoint_args() -> list[str]:
-    """vLLM 0.32 serves `/inference/v1/generate` only with `--enable-scale-out`; 0.26 (the GPU
-    build) always serves it and has no such flag. Read from vLLM's source, not imported: this
-    runs in the controller, which must not pay vLLM's import."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    for root in spec.submodule_search_locations:
-        path = Path(root) / "entrypoints" / "scale_out" / "factories.py"
-        if path.is_file() and "enable_scale_out" in path.read_text():
-            return ["--enable-scale-out"]
-    return []
+    return [*args, "--enable-scale-out", *i.extra_args]  # the token stream: /inference/v1/generate
 
 
 def replica_env(cfg: InferenceJobConfig, index: int) -> dict[str, str]:

@@ -16,21 +16,12 @@ engine core from the API server. On a CPU the API server has run no torch op by 
 thread pool is inherited. With `VLLM_ENABLE_V1_MULTIPROCESSING=0` (replica_env) the engine core
 also starts no worker process of its own. So for one worker (tensor_parallel_size = 1) it is
 forked here too; with more workers vLLM's spawn stays.
-
-vLLM 0.26's token stream (`/inference/v1/generate`, which the rollout stream reads) sizes its
-per-choice token counts from the first output, which with n > 1 may hold fewer choices than n: a
-later choice raised IndexError and cut the stream. rlfleet continued each cut request on a new one,
-losing nothing, but the short-answer job on one H100 met ~100 in 40 steps. Later vLLM sizes them
-from n (0.32); on one whose stream still has the bug, its first output is padded to every choice.
 """
 
 from __future__ import annotations
 
-import copy
-import inspect
 import os
 import runpy
-from collections.abc import AsyncIterator
 from typing import Any
 
 SERVER = "vllm.entrypoints.openai.api_server"
@@ -38,7 +29,7 @@ SERVER = "vllm.entrypoints.openai.api_server"
 
 def inspect_in_process() -> None:
     """Run vLLM's model-class inspection in this process instead of a subprocess of its own
-    (a private hook of vLLM's registry, in 0.26 and 0.32; where absent, vLLM's subprocess stays)."""
+    (a private hook of vLLM 0.32's registry; where absent, vLLM's subprocess stays)."""
     from vllm.model_executor.models import registry
 
     if callable(getattr(registry, "_run_in_subprocess", None)):
@@ -59,54 +50,10 @@ def fork_engine_core() -> None:
     CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
 
 
-BUG = "num_generated_tokens = [0] * len(res.outputs)"  # the line vLLM 0.26's stream sizes its counts by
-
-
-def every_choice_first() -> None:
-    """Pad the first output of every token stream to n choices, where the stream has the bug above."""
-    try:
-        from vllm.entrypoints.scale_out.token_in_token_out.serving import ServingTokens
-    except ImportError:  # a vLLM without the token stream
-        return
-    stream = ServingTokens.serve_tokens_stream_generator
-    if BUG not in inspect.getsource(stream):
-        return
-
-    def serve_tokens_stream_generator(
-        self: Any, request: Any, results: Any, *args: Any, **kwargs: Any
-    ) -> Any:
-        return stream(self, request, padded_first(results, request.sampling_params.n), *args, **kwargs)
-
-    ServingTokens.serve_tokens_stream_generator = serve_tokens_stream_generator
-
-
-async def padded_first(results: AsyncIterator[Any], n: int) -> AsyncIterator[Any]:
-    """`results` (vLLM RequestOutputs) with the first one's outputs padded to choices 0..n-1: a
-    choice it lacks gets an empty output, which the stream skips (no tokens, no finish reason)."""
-    from vllm.outputs import CompletionOutput
-
-    first = True
-    async for res in results:
-        if first and len(res.outputs) < n:
-            have = {o.index for o in res.outputs}
-            missing = [i for i in range(n) if i not in have]
-            res = copy.copy(res)
-            res.outputs = [
-                *res.outputs,
-                *(
-                    CompletionOutput(index=i, text="", token_ids=[], cumulative_logprob=None, logprobs=None)
-                    for i in missing
-                ),
-            ]
-        first = False
-        yield res
-
-
 if __name__ == "__main__":
     from vllm.platforms import current_platform
 
     inspect_in_process()
-    every_choice_first()
     if current_platform.is_cpu():
         fork_engine_core()
     runpy.run_module(SERVER, run_name="__main__", alter_sys=True)

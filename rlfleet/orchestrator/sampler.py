@@ -74,9 +74,6 @@ class Replicas(Protocol):
 
 GENERATE = "inference/v1/generate"
 CLIENT_STREAMS = 4  # requests in flight per HTTP client (see Sampler._client)
-# vLLM 0.26's streamed token endpoint fails a request of n > 1 whose first output holds fewer than
-# n samples (its stream sizes a list by that output; 0.32 sizes it by n): HTTP 500 mid-stream
-GROUP_BUG = "list index out of range"
 
 
 @dataclass
@@ -132,7 +129,6 @@ class Sampler:
         self._heal_lock = asyncio.Lock()
         self._clients: list[httpx.AsyncClient] = []
         self._streams: Counter[int] = Counter()  # per client: its requests in flight
-        self.one_per_request: set[str] = set()  # replicas that showed GROUP_BUG
 
     async def aclose(self) -> None:
         for client in self._clients:
@@ -205,17 +201,13 @@ class Sampler:
             )
             return out
         url = await self._pick() if n > 1 else ""
-        if n == 1 or url in self.one_per_request:
+        if n == 1:
             await asyncio.gather(*(self._finish(prompt, s, max_tokens, 0) for s in out))
             return out
         try:
             await self._stream(url, prompt, out, max_tokens)
         except (httpx.HTTPError, TransientError) as exc:
-            if GROUP_BUG in str(exc):
-                self.one_per_request.add(url)
-                log.info("vLLM at %s fails streamed requests of n > 1 (vLLM 0.26); one sample a request", url)
-            else:
-                await self._recover(url, exc)
+            await self._recover(url, exc)
             for s in out:
                 s.resent += not s.finish_reason
             await asyncio.gather(

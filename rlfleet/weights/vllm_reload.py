@@ -19,9 +19,6 @@ matrix (tests/test_architectures.py):
   own tensors are buffers it derives (RotaryEmbedding's `cos_sin_cache` - the warning seen on every
   reload - Gemma's embedding `normalizer`) and for the tied head; those are filtered out, so the
   warning left in a log means a module really missed its weights.
-- vLLM 0.26's MoE runner reports its experts as `...experts.w13_weight` while the parameter is
-  `...experts.routed_experts.w13_weight` (0.32 qualifies the name): `loaded_parameters` resolves a
-  reported name through the module that owns it, so the check above does not fail a full load.
 """
 
 from __future__ import annotations
@@ -97,29 +94,6 @@ def refresh(model: torch.nn.Module, tied: list[torch.nn.Module]) -> None:
             experts.process_weights_after_loading(mod)  # prepack the raw weights just copied in
 
 
-def loaded_parameters(model: torch.nn.Module, reported: Iterable[str]) -> set[str]:
-    """The parameter names `reported` (what `load_weights` returned) stand for.
-
-    A name that is no parameter's is looked up under its module: the one parameter there whose
-    name ends in the same leaf (vLLM 0.26's MoE runner drops its `routed_experts.` level).
-    """
-    params = dict(model.named_parameters())
-    loaded = set()
-    for name in reported:
-        if name in params:
-            loaded.add(name)
-            continue
-        owner, _, leaf = name.rpartition(".")
-        try:
-            sub = model.get_submodule(owner)
-        except AttributeError:
-            continue
-        found = [n for n, _ in sub.named_parameters() if n.rpartition(".")[2] == leaf]
-        if len(found) == 1:
-            loaded.add(f"{owner}.{found[0]}")
-    return loaded
-
-
 def reload_in_place(model: torch.nn.Module, model_config, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
     """Load `weights` (HF checkpoint names, any dtype) into the served model; the count loaded."""
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
@@ -128,7 +102,7 @@ def reload_in_place(model: torch.nn.Module, model_config, weights: Iterable[tupl
     tied = tied_modules(model)
     with quiet(derived_only(model) | {type(m).__name__ for m in tied}):
         initialize_layerwise_reload(model)
-        loaded = loaded_parameters(model, model.load_weights(weights))
+        loaded = set(model.load_weights(weights)) & expected  # vLLM 0.32 reports parameter names
         finalize_layerwise_reload(model, model_config)
     refresh(model, tied)
     if missing := sorted(expected - loaded):
