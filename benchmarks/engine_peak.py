@@ -1,7 +1,6 @@
 """vLLM's own peak for a job: one server started as rlfleet's flow starts it, then bursts of C
 sequences at once, `ignore_eos`, sent as the sampler sends them (and in other ways, to tell the
-serving path's parts apart). long_tail.py's "busy" is a run's tokens/s over this; engine_ceiling.py
-and vllm_start.py call it too."""
+serving path's parts apart). long_tail.py's "busy" is a run's tokens/s over this."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The random-init model of the long-tail jobs (long_tail.py, slow_tools.py, faults.py,
-engine_ceiling.py), with its EOS tuned so that sample lengths are geometric with the mean a job asks."""
+"""The random-init model of the long-tail jobs (long_tail.py, slow_tools.py, faults.py), with its
+EOS tuned so that sample lengths are geometric with the mean a job asks."""
 
 from __future__ import annotations
 

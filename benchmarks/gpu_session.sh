@@ -15,10 +15,15 @@ GGUF=/tmp/models/$(cat .gpu/m0/NAME 2>/dev/null || echo SmolLM2-135M-Instruct.Q4
 SMOL=/tmp/models/smollm2
 smollm2() { [ -f $SMOL/config.json ] || python3 -m rlfleet.cli model smollm2 --out $SMOL --gguf "$GGUF"; }
 case ${1:?smoke, soak, tests, quickstart or collect} in
-  smoke)  # after the kit's unpack: torch 2.13 needs NCCL 2.29 (ncclCommResume), which the image lacks
+  smoke)  # after the kit's unpack. torch 2.13 needs what the image's torch 2.11 set lacks: NCCL 2.29
+    # (ncclCommResume), cuDNN 9.20 (9.19 is refused) and torchvision 0.28 (the image's breaks transformers)
     if [ ! -f /tmp/site/.nccl ] && ls /tmp/stage/n* > /dev/null 2>&1; then
       cat /tmp/stage/n* | xz -d | tar -x -C /tmp/site && touch /tmp/site/.nccl
     fi
+    if [ ! -f /tmp/site/.cudnn ] && ls /tmp/stage/d* > /dev/null 2>&1; then
+      cat /tmp/stage/d* > /tmp/cudnn.whl && unzip -q -o /tmp/cudnn.whl -d /tmp/site && touch /tmp/site/.cudnn
+    fi
+    for w in /tmp/stage/torch*.whl; do [ -f "$w" ] && unzip -q -o "$w" -d /tmp/site; done
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/smoke.log"
     python3 - <<'PY' 2>&1 | tee -a "$OUT/smoke.log"
 import os, torch, torch.distributed as dist

@@ -59,6 +59,16 @@ def summarize(groups: dict[tuple[str, str], list[dict[str, Any]]], base: float |
     return summary
 
 
+def job_title(docs: list[dict[str, Any]]) -> str:
+    """What the runs trained, from their own config: the model's directory, the job TOML, max_tokens."""
+    jobs = {
+        f"{Path(c['model']).name}, {c['job']}, max_tokens {c['max_tokens']}"
+        for d in docs
+        if {"model", "job", "max_tokens"} <= (c := d.get("config") or {}).keys()
+    }
+    return "; ".join(sorted(jobs)) or "learning_vs_trl.py runs"
+
+
 def plot(files: list[str], png: str | None, summary_path: str | None) -> None:
     docs = [d for f in files if "framework" in (d := json.loads(Path(f).read_text()))]  # not a summary
     base = [p["pass@1"] for d in docs for p in d.get("curve", []) if p["step"] == 0]
@@ -105,6 +115,6 @@ def plot(files: list[str], png: str | None, summary_path: str | None) -> None:
             ax.axhline(summary["trl_final_pass@1"], color="gray", ls="--", lw=0.8)
     axes[1].legend(fontsize=8, loc="lower right")
     who = "rlfleet vs TRL GRPOTrainer" if any(fw == "trl" for fw, _ in groups) else "rlfleet's variants"
-    fig.suptitle(f"SmolLM2-135M-Instruct, one-digit addition: {who} (thin: seeds, thick: mean)")
+    fig.suptitle(f"{job_title(docs)}: {who} (thin: seeds, thick: mean)")
     fig.tight_layout()
     fig.savefig(png, dpi=120)

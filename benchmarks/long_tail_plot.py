@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from summary_rows import machine  # a sibling: this script's directory is on sys.path
+from claims import machine  # a sibling: this script's directory is on sys.path
 
 
 def runs(paths: list[Path]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
