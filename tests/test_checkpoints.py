@@ -89,3 +89,25 @@ def test_status_reports_resume_point(store_with_checkpoints):
     s = status(store_with_checkpoints.url)
     assert s["checkpoints"] == "1,3" and s["resume_checkpoint"] == 3 and s["resume_step"] == 4
     assert spans([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+def test_a_rerun_with_another_model_is_refused_before_anything_starts(store_with_checkpoints, tmp_path):
+    """The run's checkpoint is the tiny Llama; a rerun that names a wider model, or LoRA, is refused
+    by the launch checks, naming what differs and a way on, and the run store is left as it was."""
+    from rlfleet.config.loader import ConfigError
+    from rlfleet.runs.configs import resolve
+    from rlfleet.trainer.tiny import make_tiny_model
+    from tests.helpers import rl_config
+
+    out = store_with_checkpoints.local_dir
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    wider = make_tiny_model(tmp_path / "wider", seed=0, hidden=256)
+    with pytest.raises(ConfigError) as refused:
+        resolve(rl_config(wider, out, max_steps=6))
+    said = str(refused.value)
+    assert "is not the model of the run" in said and "hidden_size 128 there, 256 here" in said
+    assert "another output_dir; nothing in" in said
+    ckpt_model = out / "checkpoints" / "step_3" / "model"
+    with pytest.raises(ConfigError, match="trainer.lora: the run in .* trained the full model"):
+        resolve(rl_config(ckpt_model, out, max_steps=6, **{"trainer.lora.rank": "8"}))
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before

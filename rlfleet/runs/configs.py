@@ -17,6 +17,7 @@ from rlfleet.config.served import check_teacher_tokenizer
 from rlfleet.fleet.attach import attach, fleet_gpu_problems, replica_gpus, run_gpus
 from rlfleet.orchestrator.envs import check_envs
 from rlfleet.runs.lock import check_not_running, reap_earlier_life
+from rlfleet.runs.resumable import check_resumable
 from rlfleet.store import RunDir, RunStore, layout, local_dir, run_store
 from rlfleet.store.writable import check_output_dir
 
@@ -57,6 +58,7 @@ def preflight(cfg: RLConfig, ports: bool = True) -> Placement:
     (files, user code, GPUs and ports here); returns the placement on this machine's GPUs.
     ports=False: the run's replicas were started already (they hold the ports)."""
     problems = check_model(cfg.model) + check_output_dir(cfg.output_dir) + check_lora(cfg.trainer.lora)
+    problems += [] if problems else check_resumable(cfg)  # a rerun: its checkpoint is this model's
     problems += check_ports(cfg.inference) if ports else []
     problems += check_served(cfg, ports)
     problems += check_envs(cfg.orchestrator.env, "orchestrator.env")
