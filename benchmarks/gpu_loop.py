@@ -44,31 +44,10 @@ from common import median, rl_config, run_rl, table, write
 
 from rlfleet.store import RunDir, RunStore, layout
 from rlfleet.store.records import read_metrics
+from rlfleet.trainer.shapes import BODIES
 from rlfleet.trainer.tiny import make_tiny_model
 
-# make_tiny_model's keywords (rlfleet.trainer.tiny.tiny_config)
-SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": {},
-    "05b": dict(hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, vocab_size=32768),
-    "15b": dict(hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, vocab_size=32768),
-    # Qwen3-MoE: 8 experts of intermediate 768 (1/4 of a 3 x hidden dense MLP), top-2, every layer
-    # sparse, head_dim 64, GQA 4 KV heads, untied head: 411.2M parameters, 184.7M active per token.
-    "moe": dict(
-        arch="qwen3_moe",
-        hidden=1024,
-        intermediate=768,  # moe_intermediate_size (intermediate_size too, which no sparse layer uses)
-        layers=16,
-        heads=16,
-        kv_heads=4,
-        vocab_size=32768,
-        experts=8,
-    ),
-    # The dense Llama of moe's active parameters: the same attention (16 x 64 heads, 4 KV heads),
-    # embeddings, untied head and layers, and one MLP of top_k x 768 = 1536 (3 x 1024 x 1536 =
-    # 2 experts' 2 x 3 x 1024 x 768). 184.6M parameters: moe's active less its router (8 x 1024 per
-    # layer) and qk-norms (2 x 64), 133k = 0.07%.
-    "moe_dense": dict(hidden=1024, intermediate=1536, layers=16, heads=16, kv_heads=4, vocab_size=32768),
-}
+SHAPES: dict[str, dict[str, Any]] = {"tiny": {}, **BODIES}  # make_tiny_model's keywords
 
 
 def param_counts(model: Path) -> dict[str, int]:

@@ -24,10 +24,7 @@ from pathlib import Path
 
 import torch
 
-SHAPES = {  # Qwen2.5 configs (tied embeddings, GQA with 2 KV heads, qkv bias)
-    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, intermediate_size=4864),
-    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, intermediate_size=8960),
-}
+SHAPES = {"0.5b": "qwen2.5-0.5b", "1.5b": "qwen2.5-1.5b"}  # rlfleet/trainer/shapes.py REAL
 # Headline: everything that makes one GPU fast. reshard_after_forward only pays with > 1 GPU.
 FAST = [
     "--trainer.compile",
@@ -52,19 +49,11 @@ VARIANTS = {
 
 
 def write_config(out: Path, shape: str) -> Path:
-    from transformers import Qwen2Config
+    """The shape's config.json (Qwen2.5's: tied embeddings, GQA with 2 KV heads, qkv bias) in `out`."""
+    from rlfleet.trainer.shapes import real_config
 
-    cfg = Qwen2Config(
-        vocab_size=151936,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-        use_sliding_window=False,
-        **SHAPES[shape],
-    )
     out.mkdir(parents=True, exist_ok=True)
-    cfg.save_pretrained(out)
+    real_config(SHAPES[shape], dtype="float32").save_pretrained(out)
     return out
 
 

