@@ -315,7 +315,9 @@ def test_rl_run_on_s3_completes_resumes_and_leaks_no_secret(
     assert store.read_bytes("reward_curve.png")[:8] == b"\x89PNG\r\n\x1a\n"
     for name in ("rl", "trainer", "inference"):
         assert store.exists(f"configs/{name}.toml") and (cache / "configs" / f"{name}.toml").is_file()
-    assert store.complete_steps("weights") == [1] and store.complete_steps("checkpoints") == [1]
+    # keep_weights = 1, and the step the replicas served when step 1 was published: a replica
+    # relaunched then starts from its files (weights/filesystem.py)
+    assert store.complete_steps("weights") == [0, 1] and store.complete_steps("checkpoints") == [1]
     # vLLM reloaded step 1 from the verified local copy, not from S3
     assert (cache / "weights" / "step_1" / "model.safetensors").is_file()
     assert (
@@ -337,7 +339,7 @@ def test_rl_run_on_s3_completes_resumes_and_leaks_no_secret(
     assert "starting at step 2" in (cache / "logs/trainer/rank_0.log").read_text()
     assert [s["step"] for s in store.read_json("summary.json")["steps"]] == [0, 1, 2, 3]
     assert store.manifest("rollouts/step_3")["policy_step"] == 2
-    assert store.complete_steps("weights") == [3] and store.complete_steps("checkpoints") == [3]
+    assert store.complete_steps("weights") == [2, 3] and store.complete_steps("checkpoints") == [3]
 
     # the secret key is in no object of the run, no local file, no Prefect log or database row
     secret = SECRET.encode()

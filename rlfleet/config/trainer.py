@@ -24,7 +24,12 @@ class TrainerConfig(Strict):
     )
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradients are clipped to this global norm.")
     checkpoint_interval: int = Field(5, ge=1, description="Checkpoint every k steps (and the last).")
-    keep_weights: int = Field(3, ge=1, description="Weight snapshots kept for broadcast.")
+    keep_weights: int = Field(
+        3,
+        ge=1,
+        description="Weight snapshots kept for broadcast; the one the replicas serve (or are loading) "
+        "stays too, so a relaunched replica starts from its files.",
+    )
     keep_checkpoints: int = Field(
         0, ge=0, description="Checkpoints kept (0 = all); the one a resume would use is never deleted."
     )
