@@ -233,3 +233,23 @@ def test_lora_checkpoints_hold_only_adapters_and_resume_like_an_uninterrupted_ru
     assert want[0] != want[2]
     assert logged_losses(one, range(3)) == pytest.approx(want, rel=1e-4, abs=1e-6)
     assert logged_losses(two, range(3)) == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
+def test_mfu_counts_what_lora_runs(tiny_model):
+    """With the base frozen its matmuls run forward and for their inputs' gradients, not their own:
+    4 FLOPs a parameter a token, the adapters' 6 (trainer/flops.py). The tiny Llama: 2 layers of
+    hidden 128, 2 x 64-wide heads, MLP 256, vocab 128, untied head; rank 8 on every projection."""
+    from rlfleet.trainer.flops import adapter_params, matmul_params, model_flops
+
+    lm = AutoModelForCausalLM.from_pretrained(tiny_model)
+    assert adapter_params(lm) is None  # everything trains
+    cfg = lm.config
+    base = 2 * (4 * 128 * 128 + 3 * 128 * 256) + 128 * 128  # q, k, v, o and the gated MLP; the head
+    assert matmul_params(cfg) == base
+    peft = wrap(lm, LoraConfig(rank=8))
+    adapters = 2 * (4 * 8 * (128 + 128) + 2 * 8 * (128 + 256) + 8 * (256 + 128))  # A and B per projection
+    assert adapter_params(peft) == adapters
+    tokens, squares = 1000, 10 * 100 * 100
+    attention = 6 * 2 * 2 * 64 * squares
+    assert model_flops(cfg, tokens, squares) == 6 * base * tokens + attention
+    assert model_flops(cfg, tokens, squares, adapters) == (4 * base + 6 * adapters) * tokens + attention

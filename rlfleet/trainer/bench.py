@@ -21,7 +21,7 @@ import torch
 
 from rlfleet.config.models import TrainerJobConfig
 from rlfleet.microbatches import PACK_DTYPES, PACK_PAD, pack_rows
-from rlfleet.trainer.flops import Work, model_flops, peak_flops
+from rlfleet.trainer.flops import Work, adapter_params, model_flops, peak_flops
 from rlfleet.trainer.losses import PolicyLoss, StepNorm
 from rlfleet.trainer.nll import NLL
 from rlfleet.trainer.train import Objective, train_step
@@ -104,7 +104,7 @@ def run_bench(cfg: TrainerJobConfig, loss: str = "grpo") -> dict[str, Any]:
             work = Work()  # every rank's micro-batches
             for mb in micro:
                 work.add(mb)
-            flops.append(model_flops(lm_config, work.tokens, work.square_lengths))
+            flops.append(model_flops(lm_config, work.tokens, work.square_lengths, adapter_params(policy.lm)))
         losses.append(metrics["loss"])
     step_s = statistics.median(times)
     tokens = work.tokens  # the same every step: full rows

@@ -6,7 +6,8 @@ work): 6 x the matmul parameters (every decoder layer's projections and the LM h
 lookup is not a matmul) per token, plus causal attention over each sample's own length,
 6 x layers x heads x head_dim x n^2 for a sample of n tokens (QK^T and AV, forward and backward,
 half of the square). Recomputation (activation checkpointing, the chunked head's backward) is not
-useful work. MFU divides by the step's seconds, the GPUs and each GPU's dense bf16 peak.
+useful work. With LoRA the frozen base's matmuls count 4 x its parameters (no weight gradient) and
+the adapters' 6 x theirs. MFU divides by the step's seconds, the GPUs and each GPU's dense bf16 peak.
 """
 
 from __future__ import annotations
@@ -56,11 +57,28 @@ def matmul_params(config: Any) -> int:
     return layers * per_layer + config.vocab_size * h
 
 
-def model_flops(config: Any, tokens: int, square_lengths: int) -> float:
+def model_flops(config: Any, tokens: int, square_lengths: int, adapters: int | None = None) -> float:
     """Useful FLOPs of a forward and backward over `tokens` real tokens whose samples' squared
-    lengths sum to `square_lengths`."""
+    lengths sum to `square_lengths`. `adapters`: the trainable parameters of a frozen base (LoRA),
+    None for full fine-tuning. A frozen weight's matmul runs forward and for its input's gradient,
+    never for its own: 4 x its parameters per token, not 6; the adapters' run all three."""
     _, heads, _, hd, layers = _dims(config)
-    return 6.0 * matmul_params(config) * tokens + 6.0 * layers * heads * hd * square_lengths
+    weights = (
+        6.0 * matmul_params(config) if adapters is None else 4.0 * matmul_params(config) + 6.0 * adapters
+    )
+    return weights * tokens + 6.0 * layers * heads * hd * square_lengths
+
+
+def adapter_params(model: torch.nn.Module) -> int | None:
+    """The trainable parameters where the rest is frozen (LoRA's adapters), else None (every
+    parameter trains)."""
+    trainable = frozen = 0
+    for p in model.parameters():
+        if p.requires_grad:
+            trainable += p.numel()
+        else:
+            frozen += p.numel()
+    return trainable if frozen else None
 
 
 @dataclass
@@ -78,7 +96,9 @@ class Work:
         self.tokens += sum(samples)
         self.square_lengths += sum(n * n for n in samples)
 
-    def metrics(self, seconds: float, config: Any, device: torch.device, world: int) -> dict[str, float]:
+    def metrics(
+        self, seconds: float, config: Any, device: torch.device, world: int, adapters: int | None = None
+    ) -> dict[str, float]:
         """train_tokens_per_s, padding_frac and (on a GPU with a known peak) mfu, over all ranks."""
         out = {
             "train_tokens_per_s": self.tokens / max(seconds, 1e-9),
@@ -86,6 +106,6 @@ class Work:
         }
         peak = peak_flops(device)
         if peak is not None:
-            flops = model_flops(config, self.tokens, self.square_lengths)
+            flops = model_flops(config, self.tokens, self.square_lengths, adapters)
             out["mfu"] = flops / (max(seconds, 1e-9) * peak * world)
         return out

@@ -16,7 +16,7 @@ from rlfleet.config.dtypes import torch_dtype
 from rlfleet.config.models import TrainerConfig
 from rlfleet.trainer.attention import VARLEN, Packing, packing
 from rlfleet.trainer.attention import kwargs as attention_kwargs
-from rlfleet.trainer.flops import Work
+from rlfleet.trainer.flops import Work, adapter_params
 from rlfleet.trainer.lm_head import chunked_logprobs, logprobs_and_entropy, token_logprobs
 from rlfleet.trainer.lora import base_model
 from rlfleet.trainer.parallel import Parallel, set_gradient_sync
@@ -313,4 +313,5 @@ def train_step(
     world = 1 if par is None or not par.enabled else par.world
     device = next(policy.parameters()).device if par is None else par.device
     config = base_model(policy.lm).config
-    return metrics | {"train_seconds": seconds} | work.metrics(seconds, config, device, world)
+    adapters = adapter_params(policy.lm)  # LoRA: the frozen base runs no weight-gradient matmuls
+    return metrics | {"train_seconds": seconds} | work.metrics(seconds, config, device, world, adapters)
