@@ -5,8 +5,9 @@
 #   bash benchmarks/gpu_session.sh tests       # pytest -m gpu
 #   bash benchmarks/gpu_session.sh quickstart  # make run-gpu as a user runs it, the stack already in place
 #   bash benchmarks/gpu_session.sh collect     # wait for the soak to end; its JSON and logs to $OUT
-# The site is the gpu-kit's, unpacked to /tmp/site (`SMOKE_ONLY=1 bash .gpu/sh/a.sh`); SmolLM2's GGUF
-# is /tmp/models/$(cat .gpu/m0/NAME). Results go to $OUT.
+# The site is the gpu-kit's (../shared/gpu-kit/build.sh, then scripts/gpu_kit_extras.sh), unpacked to
+# /tmp/site (`SMOKE_ONLY=1 bash .gpu/sh/a.sh`); SmolLM2's GGUF is /tmp/models/$(cat .gpu/m0/NAME).
+# Results go to $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
@@ -15,15 +16,14 @@ GGUF=/tmp/models/$(cat .gpu/m0/NAME 2>/dev/null || echo SmolLM2-135M-Instruct.Q4
 SMOL=/tmp/models/smollm2
 smollm2() { [ -f $SMOL/config.json ] || python3 -m rlfleet.cli model smollm2 --out $SMOL --gguf "$GGUF"; }
 case ${1:?smoke, soak, tests, quickstart or collect} in
-  smoke)  # after the kit's unpack. torch 2.13 needs what the image's torch 2.11 set lacks: NCCL 2.29
-    # (ncclCommResume), cuDNN 9.20 (9.19 is refused) and torchvision 0.28 (the image's breaks transformers)
-    if [ ! -f /tmp/site/.nccl ] && ls /tmp/stage/n* > /dev/null 2>&1; then
-      cat /tmp/stage/n* | xz -d | tar -x -C /tmp/site && touch /tmp/site/.nccl
-    fi
-    if [ ! -f /tmp/site/.cudnn ] && ls /tmp/stage/d* > /dev/null 2>&1; then
-      cat /tmp/stage/d* > /tmp/cudnn.whl && unzip -q -o /tmp/cudnn.whl -d /tmp/site && touch /tmp/site/.cudnn
-    fi
-    for w in /tmp/stage/torch*.whl; do [ -f "$w" ] && unzip -q -o "$w" -d /tmp/site; done
+  smoke)  # after the kit's unpack: the wheels torch 2.13 needs beside the image's torch 2.11 set
+    # (NCCL 2.29, cuDNN 9.20, torchvision 0.28; scripts/gpu_kit_extras.sh cut them into w parts)
+    for first in /tmp/stage/w*_0; do
+      [ -f "$first" ] || continue
+      group=${first%_0}
+      [ -f "$group.done" ] && continue
+      cat "$group"_* > /tmp/extra.whl && python3 -m zipfile -e /tmp/extra.whl /tmp/site && touch "$group.done"
+    done
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/smoke.log"
     python3 - <<'PY' 2>&1 | tee -a "$OUT/smoke.log"
 import os, torch, torch.distributed as dist
