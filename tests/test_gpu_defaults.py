@@ -96,3 +96,27 @@ def test_a_row_too_big_for_the_gpu_is_refused_naming_the_field_and_a_token_cap_i
     assert _resolved(_gpu_job(tmp_path, *row, "--inference.sleep", "true"), gpu_bytes=100 << 30)
     big = _resolved(_gpu_job(tmp_path, "--trainer.micro-batch-tokens", str(4 << 20)))
     assert big.trainer.micro_batch_tokens == 4 << 20  # a cap: the trainer takes what fits under it
+
+
+def test_a_row_that_cannot_fit_is_refused_naming_each_lever_that_would_fit_it(tmp_path):
+    """1M float32 parameters (4 layers of 64): weights, gradients and AdamW take 16 MiB and one
+    checkpointed row of 8,192 tokens 4 MiB, more than the trainer's 0.55 of a 16 MiB GPU beside
+    vLLM. Offloaded to the host (one layer on the GPU at a time), as LoRA, or sharded over 8 GPUs
+    it fits; vLLM asleep would leave the trainer 16 MiB, still too few. The lever it names works."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    model = tmp_path / "m1m"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 64, "num_hidden_layers": 4}')
+    save_file({"w": np.zeros(1 << 20, dtype=np.float32)}, str(model / "model.safetensors"))
+    gpus = ["--deployment.num-inference-gpus", "1", "--deployment.num-train-gpus", "1"]
+    job = ["--model.path", str(model), *gpus, "--model.dtype", "float32"]
+    with pytest.raises(ConfigError) as refused:
+        _resolved(load(RLConfig, job), gpu_bytes=16 << 20)
+    said = str(refused.value)
+    assert said.startswith("orchestrator.seq_len: one packed row of 8192 tokens")
+    assert "trainer.optimizer_offload = true" in said and "[trainer.lora]" in said
+    assert "more trainer GPUs" in said and "inference.sleep" not in said
+    offloaded = _resolved(load(RLConfig, [*job, "--trainer.optimizer-offload", "true"]), gpu_bytes=16 << 20)
+    assert offloaded.orchestrator.seq_len == 8192

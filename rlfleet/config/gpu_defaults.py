@@ -86,17 +86,32 @@ def micro_batch_tokens(
     if shape is None or total is None:
         return tokens
     compute = DTYPE_BYTES.get(t.param_dtype, DTYPE_BYTES[cfg.model.dtype])
-    budget = int(total * share)
-    most = most_tokens(
-        budget, shape, max(1, len(trainer_gpus)), DTYPE_BYTES[cfg.model.dtype], compute, t.lora is None
-    )
-    if seq_len > most:
+    ranks, stored = max(1, len(trainer_gpus)), DTYPE_BYTES[cfg.model.dtype]
+
+    def most(
+        share: float = share,
+        trains_all: bool = t.lora is None,
+        offload: bool = t.optimizer_offload,
+        more: int = 1,
+    ) -> int:
+        return most_tokens(int(total * share), shape, ranks * more, stored, compute, trains_all, offload)
+
+    if seq_len > (fits := most()):
+        levers = [f"orchestrator.seq_len = {fits} with inference.max_model_len at most that"] if fits else []
+        if not t.optimizer_offload and seq_len <= most(offload=True):
+            levers.append("trainer.optimizer_offload = true (weights, gradients and AdamW on the host)")
+        if t.lora is None and seq_len <= most(trains_all=False):
+            levers.append("[trainer.lora] (adapters on a frozen base)")
+        if share < 1.0 and seq_len <= most(share=1.0):
+            levers.append("inference.sleep = true (vLLM sleeps while the trainer steps; k = 0)")
+        if seq_len <= most(more=8):
+            levers.append("more trainer GPUs (FSDP2 shards the weights and AdamW over them)")
         raise ConfigError(
             f"orchestrator.seq_len: one packed row of {seq_len} tokens (at least inference.max_model_len) "
-            f"is the smallest micro-batch of a GPU trainer, and at most {most} tokens can fit the "
-            f"trainer's GPU ({budget / GIB:.1f} of {total / GIB:.1f} GiB"
-            f"{', beside vLLM' if share < 1.0 else ''}) even with activation checkpointing: lower "
-            "inference.max_model_len, train LoRA adapters ([trainer.lora]) or add trainer GPUs"
+            f"is the smallest micro-batch of a GPU trainer, and at most {fits} tokens can fit the "
+            f"trainer's GPU ({share * total / GIB:.1f} of {total / GIB:.1f} GiB"
+            f"{', beside vLLM' if share < 1.0 else ''}) even with activation checkpointing. Each of these "
+            f"would make it fit: {'; '.join(levers) or 'none: a GPU with more memory'}"
         )
     return tokens
 

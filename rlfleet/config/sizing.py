@@ -128,16 +128,20 @@ def least_step_bytes(
     param_bytes: int = 4,
     compute_bytes: int = 2,
     trains_all: bool = True,
+    offload: bool = False,
 ) -> int:
     """A lower bound on one trainer rank's memory in a step whose micro-batch holds `tokens`.
 
     Its shard of the weights (stored in model.dtype) and, when every weight trains (not LoRA), their
-    gradients and AdamW's two moments, each as large; plus, with full activation checkpointing (the
-    least any mode keeps), each decoder layer's input for every token in the compute dtype. The
-    real step takes more (a layer's recompute, the LM head, the weight transport): what this
-    refuses, nothing could run."""
-    states = 4 if trains_all else 1
-    weights = -(-shape.params * param_bytes * states // ranks)
+    gradients and AdamW's two moments, each as large; with `offload` (trainer.optimizer_offload:
+    FSDP2 keeps all of those on the host) only one layer's weights, gathered in the compute dtype
+    while it runs. Plus, with full activation checkpointing (the least any mode keeps), each decoder
+    layer's input for every token in the compute dtype. The real step takes more (a layer's
+    recompute, the LM head, the weight transport): what this refuses, nothing could run."""
+    if offload:
+        weights = -(-shape.params * compute_bytes // max(1, shape.layers))
+    else:
+        weights = -(-shape.params * param_bytes * (4 if trains_all else 1) // ranks)
     return weights + tokens * shape.layers * shape.hidden * compute_bytes
 
 
@@ -148,8 +152,9 @@ def most_tokens(
     param_bytes: int = 4,
     compute_bytes: int = 2,
     trains_all: bool = True,
+    offload: bool = False,
 ) -> int:
     """The most tokens a micro-batch could hold in `budget_bytes` by `least_step_bytes` (0: none)."""
-    fixed = least_step_bytes(shape, 0, ranks, param_bytes, compute_bytes, trains_all)
+    fixed = least_step_bytes(shape, 0, ranks, param_bytes, compute_bytes, trains_all, offload)
     per_token = shape.layers * shape.hidden * compute_bytes
     return max(0, (budget_bytes - fixed) // per_token) if per_token else 0
