@@ -13,7 +13,6 @@ SmolLM2-135M-Instruct stays the model that shows learning (`rlfleet model smollm
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -154,11 +153,10 @@ def make_shape_model(name: str, out: str | Path, seed: int = 0, dtype: str = "bf
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlfleet.trainer.tiny import build_tokenizer, make_tiny_model
+    from rlfleet.trainer.tiny import make_tiny_model, save_with_tokenizer
 
     if name in BODIES:
         return make_tiny_model(out, seed=seed, dtype=dtype, **BODIES[name])
-    out = Path(out)
     cfg = real_config(name, dtype)
     torch.manual_seed(seed)
     default = torch.get_default_dtype()
@@ -167,9 +165,4 @@ def make_shape_model(name: str, out: str | Path, seed: int = 0, dtype: str = "bf
         model = AutoModelForCausalLM.from_config(cfg)
     finally:
         torch.set_default_dtype(default)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    build_tokenizer(cfg.vocab_size).save_pretrained(out)
-    gen = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
-    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    return out
+    return save_with_tokenizer(model, Path(out))

@@ -18,7 +18,13 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer, decoders
 from tokenizers.models import BPE
-from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 CHARS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]  # 95 printable + "\n"
@@ -143,9 +149,14 @@ def make_tiny_model(out: str | Path, seed: int = 0, **shape: Any) -> Path:
     dtype = str(shape.get("dtype") or "float32")
     if dtype != "float32":
         model = model.to(getattr(torch, dtype))
+    return save_with_tokenizer(model, out)
+
+
+def save_with_tokenizer(model: PreTrainedModel, out: Path) -> Path:
+    """`model` and the character tokenizer padded to its vocabulary, with its special ids."""
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
-    build_tokenizer(cfg.vocab_size).save_pretrained(out)
+    build_tokenizer(model.config.vocab_size).save_pretrained(out)
     gen = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
     return out
