@@ -9,7 +9,6 @@ checkpoint do (its pruned weights left nothing to serve them from).
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 
 from rlfleet.store import RunStore, layout
@@ -68,7 +67,7 @@ def discard_stale(store: RunStore, start: int) -> list[str]:
                 removed.append(layout.step_dir(kind, s))
     for kind in (layout.WEIGHTS, layout.CHECKPOINTS):  # writes a dead process left half done
         for rel in store.staged(kind):
-            shutil.rmtree(store.local_path(rel), ignore_errors=True)
+            store.remove(rel)
             removed.append(rel)
     for kind in (*layout.STEP_RECORDS, layout.EVALS):  # sync/: a dead trainer's weight tickets
         for s in store.json_steps(kind):
