@@ -106,7 +106,7 @@ def engine_peak(
     from rlfleet.inference.server import launch_replicas, stop_replicas
 
     inf, train = assign_gpus(cfg.deployment)
-    cfg = gpu_defaults(cfg, inf, train)
+    cfg, _ = gpu_defaults(cfg, inf, train)
     t0 = time.perf_counter()
     replicas = launch_replicas(cfg.inference_job(inf))
     out: dict[str, Any] = {

@@ -41,7 +41,7 @@ from rlfleet.trainer.lora import wrap
 from rlfleet.trainer.losses.objective import PolicyLoss
 from rlfleet.trainer.parallel import Parallel
 from rlfleet.trainer.tiny import make_tiny_model
-from rlfleet.trainer.train import LM_HEAD_CHUNK, Policy, load_model, make_optimizer, train_step
+from rlfleet.trainer.train import Policy, default_head_chunk, load_model, make_optimizer, train_step
 from rlfleet.weights.client import load_rpc
 from rlfleet.weights.controller import make_controller
 from rlfleet.weights.tickets import write_served
@@ -327,7 +327,10 @@ def run_arch(
     `lora`: the trainer trains adapters on the frozen model, and vLLM gets the merged weights."""
     gpu = device.type == "cuda"
     lm = load_model(str(model_dir), "float32", device)
-    policy = Policy(lm if lora is None else wrap(lm, lora), lm_head_chunk=LM_HEAD_CHUNK[device.type])
+    policy = Policy(
+        lm if lora is None else wrap(lm, lora),
+        lm_head_chunk=default_head_chunk(device, lm.get_output_embeddings().weight.shape[0]),
+    )
     tc = TrainerConfig(lr=1e-2)
     opt = make_optimizer(policy, tc)
     row: dict[str, Any] = {"arch": arch, "transports": {}}

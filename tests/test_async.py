@@ -69,7 +69,7 @@ def _cfg(tmp_path, k: int) -> RLConfig:
     from rlfleet.config.gpu_defaults import gpu_defaults
 
     args = ["--model.path", str(tmp_path / "model"), "--output-dir", str(tmp_path / "run")]
-    return gpu_defaults(load(RLConfig, [*args, "--orchestrator.max-async-level", str(k)]), [], [])
+    return gpu_defaults(load(RLConfig, [*args, "--orchestrator.max-async-level", str(k)]), [], [])[0]
 
 
 class _Taken:

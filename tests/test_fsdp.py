@@ -96,7 +96,7 @@ def test_a_gpu_trainer_trains_packed_rows_bounded_by_tokens_unless_the_config_sa
 
     def shape(gpus: list[str], **kw: object) -> tuple[int | None, int | None]:
         cfg = RLConfig.model_validate({"model": {"path": "m"}, "output_dir": str(tmp_path), **kw})
-        o = gpu_defaults(cfg, gpus, gpus).orchestrator
+        o = gpu_defaults(cfg, gpus, gpus)[0].orchestrator
         return o.seq_len, o.micro_batch_size
 
     assert shape([]) == (0, 32)

@@ -27,7 +27,9 @@ class InferenceConfig(Strict):
         None,
         gt=0.0,
         le=1.0,
-        description="vLLM's share of its GPU; unset = 0.9 on its own GPU, 0.45 on one it shares with the trainer.",
+        description="vLLM's share of its GPU; unset = 0.9 on its own GPU, and on one it shares with the "
+        "trainer the memory plan's (KV for every rollout in flight where that fits; config/memory.py), "
+        "0.45 where the GPU's memory cannot be read.",
     )
     max_num_seqs: int | None = Field(
         None,
@@ -46,7 +48,9 @@ class InferenceConfig(Strict):
     sleep: bool = Field(
         False,
         description="Colocated: vLLM frees its GPU memory (weights and KV cache) while the trainer steps "
-        "and wakes to load the new weights; needs one GPU shared with the trainer and max_async_level = 0.",
+        "and wakes to load the new weights; needs one GPU shared with the trainer and max_async_level = 0. "
+        "Unset on such a GPU, the memory plan turns it on where the trainer fits no other way without "
+        "recomputing every layer (config/memory.py).",
     )
     startup_timeout_s: float = Field(
         600.0, gt=0, description="How long a replica may take to report healthy."

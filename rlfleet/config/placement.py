@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -45,6 +45,7 @@ class Placement:
     trainer: tuple[str, ...]  # per trainer rank its GPU; () for a CPU trainer
     transport: str  # weights.transport, `auto` placed
     served: tuple[tuple[str, tuple[str, ...]], ...] = ()  # per [[served]] model: (name, its GPUs)
+    memory: str = ""  # the memory plan's line (config/memory.py); "" where none was made
 
     @property
     def inference_gpus(self) -> list[str]:
@@ -92,7 +93,8 @@ class Placement:
             f"; served {name}: {'GPUs ' + ','.join(gpus) if gpus else 'the CPU'}"
             for name, gpus in self.served
         )
-        return f"{self.mode}: inference: {inference}; trainer: {trainer}{shared}; weights: {self.transport}{served}"
+        memory = f"; memory: {self.memory}" if self.memory else ""
+        return f"{self.mode}: inference: {inference}; trainer: {trainer}{shared}; weights: {self.transport}{served}{memory}"
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "describe": self.describe()}, indent=2)
@@ -237,18 +239,27 @@ def gpus_here(cfg: RLConfig) -> list[str]:
 
 
 def model_shape(path: str) -> ModelShape | None:
-    """Layers, width and attention heads from config.json, parameters from the safetensors headers (0 without
-    them); None when there is no readable config.json."""
+    """Layers, widths and attention heads from config.json, parameters from the safetensors headers
+    (counted from config.json where there are none); None when there is no readable config.json."""
     try:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
         return None
     text = config.get("text_config") or config
     layers, hidden = text.get("num_hidden_layers"), text.get("hidden_size")
-    heads = text.get("num_attention_heads") or 0
-    kv_heads = text.get("num_key_value_heads") or heads
     if not isinstance(layers, int) or not isinstance(hidden, int):
         return None
+    heads = text.get("num_attention_heads") or 0
+    shape = ModelShape(
+        0,
+        layers,
+        hidden,
+        heads,
+        text.get("num_key_value_heads") or heads,
+        head_dim=text.get("head_dim") or 0,
+        intermediate=_mlp_width(text),
+        vocab=text.get("vocab_size") or 0,
+    )
     params = 0
     for f in Path(path).glob("*.safetensors"):
         try:  # the header only: shapes, no tensors (and no torch in the controller's checks)
@@ -256,4 +267,32 @@ def model_shape(path: str) -> ModelShape | None:
                 params += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())  # noqa: SIM118
         except Exception:  # noqa: BLE001 - a file safetensors cannot read (SafetensorError) counts nothing
             continue
-    return ModelShape(params, layers, hidden, heads, kv_heads)
+    return replace(shape, params=params or config_params(text, shape))
+
+
+def _mlp_width(text: dict) -> int:
+    """The MLP width one token runs through: a MoE's experts per token x their width (and a shared
+    expert's), else intermediate_size."""
+    experts = text.get("num_experts") or text.get("num_local_experts") or 0
+    if experts and text.get("moe_intermediate_size"):
+        shared = text.get("shared_expert_intermediate_size") or 0
+        return text.get("num_experts_per_tok", 1) * text["moe_intermediate_size"] + shared
+    return text.get("intermediate_size") or 0
+
+
+def config_params(text: dict, shape: ModelShape) -> int:
+    """Parameters of a decoder-only transformer from its config (no weights yet: a shape's placement
+    checked before `rlfleet model` writes it): embeddings (and an untied head), attention, the
+    MLP (every expert of a MoE) and norms; 0 where the config lacks a width."""
+    h, v = shape.hidden, shape.vocab
+    if not (h and v and shape.heads):
+        return 0
+    hd = shape.head_dim or h // shape.heads
+    attn = h * hd * (2 * shape.heads + 2 * shape.kv_heads)
+    experts = text.get("num_experts") or text.get("num_local_experts") or 0
+    if experts and text.get("moe_intermediate_size"):
+        mlp = experts * 3 * h * text["moe_intermediate_size"] + experts * h
+    else:
+        mlp = 3 * h * shape.ffn
+    head = 0 if text.get("tie_word_embeddings", True) else v * h
+    return v * h + head + shape.layers * (attn + mlp + 2 * h) + h

@@ -5,8 +5,8 @@ A GPU trainer's micro-batch holds at most the tokens of `rows` packed rows of th
 (rlfleet/microbatches.py), as many as fit and at most `trainer.micro_batch_tokens` (a cap, never a
 reason to refuse); the trainer measures at its first batch (budget.py `TokenBudget`)
 what one row of the batch's width costs and how much memory it finds free beside vLLM, and
-`size_micro_batch` turns that into rows. Before anything starts, placement (config/placement.py)
-refuses a micro-batch that `least_step_bytes` says cannot fit even with activation checkpointing.
+`size_micro_batch` turns that into rows. Before anything starts, the memory plan (config/memory.py)
+chooses the checkpointing the probe starts from, and refuses a row no choice can fit.
 
 Why the trainer repacks the samples it loads instead of the orchestrator packing to its size: the
 trainer is the one process that can measure its memory, and it does so once vLLM is serving (an
@@ -119,42 +119,11 @@ class ModelShape:
     hidden: int
     heads: int = 0  # num_attention_heads (0: unknown); tensor parallelism must divide it
     kv_heads: int = 0  # num_key_value_heads (0: as many as heads)
+    head_dim: int = 0  # 0: hidden / heads
+    intermediate: int = 0  # the MLP width a token runs through (MoE: experts per token x theirs); 0: unknown
+    vocab: int = 0
 
-
-def least_step_bytes(
-    shape: ModelShape,
-    tokens: int,
-    ranks: int = 1,
-    param_bytes: int = 4,
-    compute_bytes: int = 2,
-    trains_all: bool = True,
-    offload: bool = False,
-) -> int:
-    """A lower bound on one trainer rank's memory in a step whose micro-batch holds `tokens`.
-
-    Its shard of the weights (stored in model.dtype) and, when every weight trains (not LoRA), their
-    gradients and AdamW's two moments, each as large; with `offload` (trainer.optimizer_offload:
-    FSDP2 keeps all of those on the host) only one layer's weights, gathered in the compute dtype
-    while it runs. Plus, with full activation checkpointing (the least any mode keeps), each decoder
-    layer's input for every token in the compute dtype. The real step takes more (a layer's
-    recompute, the LM head, the weight transport): what this refuses, nothing could run."""
-    if offload:
-        weights = -(-shape.params * compute_bytes // max(1, shape.layers))
-    else:
-        weights = -(-shape.params * param_bytes * (4 if trains_all else 1) // ranks)
-    return weights + tokens * shape.layers * shape.hidden * compute_bytes
-
-
-def most_tokens(
-    budget_bytes: int,
-    shape: ModelShape,
-    ranks: int = 1,
-    param_bytes: int = 4,
-    compute_bytes: int = 2,
-    trains_all: bool = True,
-    offload: bool = False,
-) -> int:
-    """The most tokens a micro-batch could hold in `budget_bytes` by `least_step_bytes` (0: none)."""
-    fixed = least_step_bytes(shape, 0, ranks, param_bytes, compute_bytes, trains_all, offload)
-    per_token = shape.layers * shape.hidden * compute_bytes
-    return max(0, (budget_bytes - fixed) // per_token) if per_token else 0
+    @property
+    def ffn(self) -> int:
+        """The MLP width a token runs through; 4 x hidden where the config does not say."""
+        return self.intermediate or 4 * self.hidden

@@ -52,8 +52,9 @@ class TrainerConfig(Strict):
     reshard_after_forward: bool = Field(True, description="Free gathered params after forward (ZeRO-3).")
     activation_checkpointing: Literal["none", "full", "selective"] = Field(
         "none",
-        description="Recompute each decoder layer in backward; on a GPU, `none` turns to `selective`, then "
-        "`full`, by itself only when not one packed row would fit without it (the trainer log says so).",
+        description="Recompute each decoder layer in backward. Unset on a GPU, the memory plan picks the "
+        "least that fits before anything starts (config/memory.py; the run log says why), and the "
+        "trainer's first-batch probe goes one step further only where a row still does not fit.",
     )
     micro_batch_tokens: int | None = Field(
         None,
@@ -64,7 +65,11 @@ class TrainerConfig(Strict):
         "the first batch from the memory the trainer finds free beside vLLM. Unpacked (seq_len 0) and CPU "
         "trainers ignore it.",
     )
-    optimizer_offload: bool = Field(False, description="FSDP2 CPU offload of params, grads, optim state.")
+    optimizer_offload: bool = Field(
+        False,
+        description="FSDP2 CPU offload of params, grads and AdamW's state. Unset on a GPU, the memory plan "
+        "turns it on where nothing else fits (config/memory.py).",
+    )
     lm_head_chunk: int | None = Field(
         None,
         ge=0,

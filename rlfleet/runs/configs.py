@@ -115,7 +115,8 @@ def resolve(config: RLConfig, ports: bool = True) -> tuple[RLConfig, Placement]:
         if p.inference_gpus
         else replica_gpus(cfg.fleet, cfg.output_dir, cfg.inference.tensor_parallel_size)
     )
-    resolved = gpu_defaults(cfg, p.inference_gpus or fleet_gpus, p.trainer_gpus)
+    resolved, memory = gpu_defaults(cfg, p.inference_gpus or fleet_gpus, p.trainer_gpus)
+    p = replace(p, memory=memory.line() if memory else "")
     if fleet_gpus:  # attached: its replica is the fleet's, on the fleet's GPUs; the log and lease say so
         mode = "colocated" if shares(fleet_gpus, p.trainer_gpus) else "disaggregated"
         p = replace(p, mode=mode, replicas=(tuple(fleet_gpus),), transport=resolved.weights.transport)

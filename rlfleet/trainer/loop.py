@@ -35,9 +35,9 @@ from rlfleet.trainer.parallel import Parallel, parallelize, setup, teardown
 from rlfleet.trainer.profile import profiled
 from rlfleet.trainer.schedule import make_scheduler
 from rlfleet.trainer.train import (
-    LM_HEAD_CHUNK,
     Objective,
     Policy,
+    default_head_chunk,
     load_model,
     make_optimizer,
     pick_device,
@@ -180,7 +180,9 @@ def build(
     if policy.varlen:
         log.info("packed rows: varlen attention, %s", choose_kernel(par.device))
     policy.lm_head_chunk = (
-        tc.lm_head_chunk if tc.lm_head_chunk is not None else LM_HEAD_CHUNK[par.device.type]
+        tc.lm_head_chunk
+        if tc.lm_head_chunk is not None
+        else default_head_chunk(par.device, lm.get_output_embeddings().weight.shape[0])
     )
     parallelize(policy, par, tc)
     return par, policy, make_optimizer(policy, tc)

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from rlfleet.config.dtypes import torch_dtype
+from rlfleet.config.memory import head_chunk
 from rlfleet.config.models import TrainerConfig
 from rlfleet.trainer.attention import VARLEN, Packing, packing
 from rlfleet.trainer.attention import kwargs as attention_kwargs
@@ -38,10 +39,12 @@ def load_model(path: str, dtype: str, device: torch.device) -> PreTrainedModel:
     return model.to(device).train()
 
 
-# Tokens per LM-head chunk when the config leaves it unset: on a GPU the [tokens, vocab] logits of
-# long packed rows are what runs out of memory, and 8192 measured fastest of 2048/4096/8192 on an
-# H100 (BENCHMARKS.md); a CPU's tiny models keep full logits.
-LM_HEAD_CHUNK = {"cuda": 8192, "cpu": 0}
+def default_head_chunk(device: torch.device, vocab: int) -> int:
+    """Tokens per LM-head chunk when the config leaves it unset: on a GPU the [tokens, vocab] logits
+    of long packed rows are what runs out of memory; 8192 measured fastest of 2048/4096/8192 on an
+    H100 at a 32k vocabulary (BENCHMARKS.md), fewer at a larger one (config/memory.py `head_chunk`,
+    which the memory plan counts). A CPU's tiny models keep full logits."""
+    return head_chunk(vocab) if device.type == "cuda" else 0
 
 
 class Policy(torch.nn.Module):
