@@ -5,17 +5,21 @@
 #   bash benchmarks/gpu_session.sh tests       # pytest -m gpu
 #   bash benchmarks/gpu_session.sh quickstart  # make run-gpu as a user runs it, the stack already in place
 #   bash benchmarks/gpu_session.sh collect     # wait for the soak to end; its JSON and logs to $OUT
+#   bash benchmarks/gpu_session.sh sizes       # benchmarks/sizes.py's rows (ROWS) one after another, in the background
+#   bash benchmarks/gpu_session.sh harvest     # wait (at most HARVEST_S) for the rows; their JSON and logs to $OUT
 # The site is the gpu-kit's (../shared/gpu-kit/build.sh, then scripts/gpu_kit_extras.sh), unpacked to
 # /tmp/site (`SMOKE_ONLY=1 bash .gpu/sh/a.sh`); SmolLM2's GGUF is /tmp/models/$(cat .gpu/m0/NAME).
 # Results go to $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+[ -d /tmp/site/nvidia_cutlass_dsl/dsl_packages ] && PYTHONPATH=$PYTHONPATH:/tmp/site/nvidia_cutlass_dsl/dsl_packages
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=180   # a cold machine's first server start
 GGUF=/tmp/models/$(cat .gpu/m0/NAME 2>/dev/null || echo SmolLM2-135M-Instruct.Q4_1.gguf)
 SMOL=/tmp/models/smollm2
 smollm2() { [ -f $SMOL/config.json ] || python3 -m rlfleet.cli model smollm2 --out $SMOL --gguf "$GGUF"; }
-case ${1:?smoke, soak, tests, quickstart or collect} in
+ROWS=${ROWS:-"qwen3-8b:lora qwen3-4b:full qwen2.5-1.5b:full"}   # model:mode, run in this order
+case ${1:?smoke, soak, tests, quickstart, collect, sizes or harvest} in
   smoke)  # after the kit's unpack: the wheels torch 2.13 needs beside the image's torch 2.11 set
     # (NCCL 2.29, cuDNN 9.20, torchvision 0.28; scripts/gpu_kit_extras.sh cut them into w parts)
     for first in /tmp/stage/w*_0; do
@@ -68,5 +72,25 @@ PY
     tail -40 /tmp/gsoak.log
     cp /tmp/gsoak/chaos_gpu.json "$OUT/" 2>/dev/null
     tar czf "$OUT/gsoak_logs.tgz" /tmp/gsoak.log /tmp/gsoak/run*/controller.log 2>/dev/null
+    ;;
+  sizes)  # each row its own process under a time limit: one that hangs or fails leaves the next its turn
+    mkdir -p /tmp/sizes_out
+    setsid nohup bash -c 'for r in '"$ROWS"'; do
+        m=${r%%:*}; mode=${r#*:}; echo "$(date +%T) row $m $mode start" >> /tmp/sizes_out/progress.log
+        (cd benchmarks && timeout ${ROW_S:-420} python3 sizes.py --model $m --mode $mode --steps ${STEPS:-4} \
+          --out /tmp/sizes_out/sizes_${m}_${mode}.json -- --wandb.mode disabled) > /tmp/sizes_out/$m-$mode.log 2>&1
+        echo "$(date +%T) row $m $mode rc=$?" >> /tmp/sizes_out/progress.log
+        rm -rf /tmp/sizes/models/$m
+      done; touch /tmp/sizes_out/done' > /dev/null 2>&1 < /dev/null &
+    echo "rows started: $ROWS"
+    ;;
+  harvest)
+    while [ ! -f /tmp/sizes_out/done ] && [ $SECONDS -lt ${HARVEST_S:-560} ]; do sleep 5; done
+    cat /tmp/sizes_out/progress.log; nvidia-smi --query-gpu=memory.used --format=csv
+    cp /tmp/sizes_out/*.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/sizes_logs.tgz" /tmp/sizes_out/*.log \
+      $(find /tmp/sizes/runs -path '*/logs/*' -name '*.log' 2>/dev/null) \
+      $(find /tmp/sizes/runs -path '*/configs/*' 2>/dev/null) 2>/dev/null
+    for f in /tmp/sizes_out/sizes_*.json; do python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['model'], d['mode'], d.get('ok'), d.get('peak_memory_gib'), d.get('train_tokens_per_s'), d.get('mfu'), d.get('memory_plan'), d.get('error','')[:600])" $f; done
     ;;
 esac

@@ -75,7 +75,9 @@ def main() -> None:
     model = Path(a.model_path) if a.model_path else work / "models" / a.model
     t0 = time.perf_counter()
     if not (model / "config.json").exists():
-        make_shape_model(a.model, model)
+        import torch
+
+        make_shape_model(a.model, model, device="cuda" if torch.cuda.is_available() else "cpu")
     made_s = time.perf_counter() - t0
     name = a.model or model.name
     out = work / "runs" / f"{name}_{a.mode}"
