@@ -2,7 +2,6 @@
 known: a CPU replica's batch of sequences, and a GPU trainer's micro-batches by tokens, a cap that
 is never refused up front unless one row cannot fit."""
 
-
 from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
 
