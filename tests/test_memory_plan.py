@@ -129,3 +129,25 @@ def test_vllm_on_its_own_gpu_leaves_the_trainer_the_whole_of_its_own(configs):
     assert not p.shared and resolved.inference.gpu_memory_utilization is None  # vLLM's own 0.9
     assert p.checkpointing == "none" and p.micro_batch_tokens > 8192
     assert plan(Job(model_shape(str(path)), 8192, 4608, 64), 8 * GIB, shared=False) is None
+
+
+def test_rlfleet_plan_says_what_a_run_would_choose_and_starts_nothing(configs, tmp_path, capsys):
+    from rlfleet.cli import main
+
+    out = tmp_path / "never"
+    args = [
+        "plan",
+        "--model.path",
+        str(configs["qwen3-8b"]),
+        "--model.dtype",
+        "bfloat16",
+        *ONE_GPU,
+        *LONG_TAIL,
+    ]
+    args += ["--output-dir", str(out), "--trainer.lora.rank", "16", "--gpus", "1", "--gpu-gib", "79.6"]
+    assert main(args) == 0
+    said = capsys.readouterr().out
+    assert "asleep while the trainer steps" in said and "inference.sleep = true" in said
+    assert not out.exists()  # nothing started, nothing written
+    assert main([*args[:-4], "--model.dtype", "float32", "--gpus", "1", "--gpu-gib", "40"]) == 2
+    assert "Each of these would make it fit" in capsys.readouterr().err
