@@ -215,12 +215,12 @@ def _shared(
         return None
     kv = (share * total - vllm_bytes(job, 0)) / (job.max_model_len * kv_token_bytes(job))
     room = total - (VLLM_ASLEEP if sleep else int(share * total))
-    why = (
-        "vLLM asleep while the trainer steps leaves it the GPU"
-        if sleep
-        else f"KV for {'every rollout in flight' if seqs >= job.in_flight else f'{seqs:g} of the longest'} "
-        "beside the trainer"
-    )
+    if sleep:
+        why = "the trainer fits only while vLLM sleeps"
+    elif seqs >= job.in_flight:
+        why = f"KV for all {job.in_flight} rollouts in flight fits beside the trainer"
+    else:
+        why = f"KV for all {job.in_flight} rollouts in flight does not fit beside the trainer: vLLM takes the rest"
     if offload:
         why += "; the optimizer's state on the host"
     return MemoryPlan(
