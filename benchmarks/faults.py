@@ -90,8 +90,7 @@ def cpu_job(tmp: Path, overrides: list[str]) -> Callable[[Path, int], RLConfig]:
 
 def cuda_job(tmp: Path, overrides: list[str]) -> Callable[[Path, int], RLConfig]:
     """long_tail.py's job (a) at the 0.5B shape, async (k = 1), with ports of its own per run."""
-    from eos_model import prepare_model
-    from long_tail import DEFAULTS, write_job
+    from long_tail import DEFAULTS, prepare_model, write_job
     from vs_trl import SHAPES
 
     d = DEFAULTS["cuda"]

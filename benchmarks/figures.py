@@ -6,7 +6,7 @@ their own): each a PNG beside the JSON of its bars, which names every bar's resu
 
 benchmarks/summarize.py redraws them too, and its `--check` fails when one's JSON is stale; it draws
 the headline's (results/summary.png) with `draw`. The other pages open on a picture their own
-investigation drew (learning_vs_trl.py, long_tail_plot.py, scaling.py, packed_attention.py)."""
+investigation drew (learning_vs_trl.py, long_tail.py, scaling.py, packed_attention.py: each `--plot`)."""
 
 from __future__ import annotations
 
