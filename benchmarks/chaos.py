@@ -34,9 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from chaos_checks import TAG, Check, leftovers, lineage
-from chaos_report import Fault, combined, fault_counts, show
-from chaos_run import RunView
+from chaos_checks import TAG, Check, Fault, RunView, combined, fault_counts, leftovers, lineage, show
 from common import ROOT, free_port, tiny_model, write
 
 from rlfleet.config.loader import load
