@@ -3,7 +3,8 @@ job does alike, in the order it does it.
 
 - start a run: `rlfleet_cmd` (the command as a user types it), `command` (a subprocess with its
   log, a time limit and a tick), `run_rlfleet` (`rlfleet rl`, timed, then read back), `run_rl`
-  (flow `rl` in this process), `start_fleet`, `Runs` (what a harness started, stopped with it),
+  (flow `rl` in this process), `keep_logs`, `start_fleet`, `Runs` (what a harness started, stopped
+  with it),
   `exit_on_sigterm`, `tiny_model` and `rl_config` (the tiny CPU job);
 - read its records: `steps`, `rollouts`, `trainer_metrics`, `loop_summary` (the figures every peer
   comparison reports, from step times, tokens and rewards);
@@ -177,6 +178,17 @@ def run_rlfleet(
     start, rewards = recs[0]["finished_at"] - recs[0]["step_seconds"], [r["mean_reward"] for r in recs]
     res = loop_summary(wall, start - t0, recs[-1]["finished_at"] - start, per_step["step"], tokens, rewards)
     return res | {"split_median_s": split, "per_step": per_step | {"reward": rewards, "tokens": tokens}}
+
+
+def keep_logs(out: Path, logs: Path, name: str) -> None:
+    """The run's own logs (its trainer's and vLLM's, the trainer's profile) into `logs`, each as
+    NAME_<its directory>_<its file>."""
+    import shutil
+
+    from rlfleet.store import layout
+
+    for f in [*(out / layout.LOGS).rglob("*.log"), *(out / layout.LOGS).rglob("profile_step_*.txt")]:
+        shutil.copy(f, logs / f"{name}_{f.parent.name}_{f.name}")
 
 
 def start_fleet(

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ from common import (
     bar,
     exit_on_sigterm,
     free_port,
+    keep_logs,
     pyplot,
     rollouts,
     run_rlfleet,
@@ -180,8 +182,7 @@ def run_variant(argv: list[str], out: Path, logs: Path, name: str, root: Path) -
     from rlfleet.store import layout
 
     res = run_rlfleet(argv, out, logs / f"{name}.log", env, root)
-    for f in [*(out / layout.LOGS).rglob("*.log"), *(out / layout.LOGS).rglob("profile_step_*.txt")]:
-        shutil.copy(f, logs / f"{name}_{f.parent.name}_{f.name}")
+    keep_logs(out, logs, name)
     last = json.loads((out / layout.step_json(layout.STEPS, len(res["per_step"]["step"]) - 1)).read_text())
     stream = last.get("stream") or {}  # the rollout stream's lifetime counts (absent before it existed)
     loop_s = res["steps"] / res["steps_per_s"]
@@ -189,6 +190,41 @@ def run_variant(argv: list[str], out: Path, logs: Path, name: str, root: Path) -
         "stream": stream,
         "all_gen_tokens_per_s": stream.get("generated_tokens", 0) / loop_s or None,
     }
+
+
+def run_variants(
+    a: argparse.Namespace,
+    tmp: Path,
+    stack: ExitStack,
+    logs: Path,
+    args_for: Callable[[Path, list[str]], list[str]],
+    measure: Callable[[Path, dict[str, Any]], dict[str, Any]],
+    results: dict[str, Any],
+    env: dict[str, Any],
+    cols: dict[str, str],
+) -> None:
+    """Every rlfleet run of `--variants` (and `--rlfleet-ref`) into `results` by name, for both jobs
+    (this one and slow_tools.py): its command line `args_for(out, overrides)` (checked before the run
+    where it runs from this checkout; another ref checks its own), the run (`run_variant`), then
+    `measure(out, result)`'s figures. What the runs so far measured goes beside `--out` after each,
+    and a cut run (SIGTERM from `timeout` too) keeps the steps it finished."""
+    from rlfleet.config.loader import load
+    from rlfleet.config.models import RLConfig
+
+    for name, extra, root in runs(parse_variants(a.variants), a.rlfleet_ref, tmp, stack):
+        out = tmp / f"rl_{len(results)}"
+        args = args_for(out, extra)
+        if root == ROOT:
+            load(RLConfig, args)
+        try:
+            res = run_variant(args, out, logs, name, root)
+        except BaseException:
+            results[name] = {"cut": True, "steps": steps(out)}
+            write(a.out, results, env=env, partial=True)
+            raise
+        results[name] = res | measure(out, res) | {"overrides": extra, "checkout": str(root)}
+        write(a.out, results, env=env, partial=True)
+        print(name, {k: results[name].get(k) for k in cols}, flush=True)
 
 
 def pct(xs: list[float]) -> dict[str, float]:
@@ -401,26 +437,19 @@ def main() -> None:
             for f in (tmp / "peak" / layout.LOGS).rglob("*.log"):
                 shutil.copy(f, logs / f"peak_{f.name}")
         peak = env.get("engine_peak", {}).get("by_concurrency", {}).get(str(seqs), {}).get("tokens_per_s")
-        rl_runs = runs(parse_variants(a.variants), a.rlfleet_ref, tmp, stack) if a.only != "trl" else []
-        for name, extra, root in rl_runs:
-            out = tmp / f"rl_{len(results)}"
-            args = argv(out, d["steps"], extra)
-            if root == ROOT:  # a bad override fails here, before the run (another ref: its own check)
-                load(RLConfig, args)
-            try:
-                res = run_variant(args, out, logs, name, root)
-            except BaseException:  # SIGTERM (timeout) included: keep what the run finished
-                results[name] = {"cut": True, "steps": steps(out)}
-                write(a.out, results, env=env, partial=True)
-                raise
+
+        def measure(out: Path, res: dict[str, Any]) -> dict[str, Any]:
             lengths = [[sum(r["loss_mask"]) for r in rollouts(out, s)] for s in range(res["steps"])]
-            res |= length_summary(lengths, d["max_tokens"]) | {"overrides": extra, "checkout": str(root)}
-            res["busy"] = res["gen_tokens_per_s"] / peak if peak else None
-            # every token sampled (groups dropped as too stale, or left over at the end, too) / peak
-            res["busy_all"] = (res["all_gen_tokens_per_s"] or 0) / peak if peak else None
-            results[name] = res
-            write(a.out, results, env=env, partial=True)
-            print(name, {k: res.get(k) for k in COLS}, flush=True)
+            return length_summary(lengths, d["max_tokens"]) | {
+                "busy": res["gen_tokens_per_s"] / peak if peak else None,
+                # every token sampled (groups dropped as too stale, or left over at the end, too) / peak
+                "busy_all": (res["all_gen_tokens_per_s"] or 0) / peak if peak else None,
+            }
+
+        if a.only != "trl":
+            run_variants(
+                a, tmp, stack, logs, lambda o, x: argv(o, d["steps"], x), measure, results, env, COLS
+            )
         env["loadavg_between"] = os.getloadavg()
         cfg_trl = load(RLConfig, argv(tmp / "trl_unused", trl_steps, []))
         spec = trl_spec(cfg_trl, model, tmp, a.device, trl_sampler, a.trl_processes)

@@ -36,7 +36,7 @@ from statistics import fmean
 from typing import Any
 
 from common import ROOT, free_port, rollouts, table_of, versions, write
-from long_tail import job_arguments, parse_variants, prepare_model, run_config, run_variant, runs, write_job
+from long_tail import job_arguments, prepare_model, run_config, run_variants, write_job
 from vs_trl import SHAPES
 from workloads.slow_tool import draw
 
@@ -135,9 +135,6 @@ def main() -> None:
     a.shape = a.shape or ("05b" if a.device == "cuda" else "tiny")
     d = DEFAULTS[a.device] | ({"steps": a.steps} if a.steps else {})
 
-    from rlfleet.config.loader import load
-    from rlfleet.config.models import RLConfig
-
     shape = SHAPES[a.shape] | ({"dtype": "bfloat16"} if a.device == "cuda" else {})
     env: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
     results: dict[str, Any] = {}
@@ -149,21 +146,18 @@ def main() -> None:
         data = dataset(tmp / "letters.jsonl", max(512, d["batch"] * d["steps"]))
         job = job_toml(a, d, model, data, tmp / "job.toml")
         job_dict = tomllib.loads(job.read_text())
-        for name, extra, root in runs(parse_variants(a.variants), a.rlfleet_ref, tmp, stack):
-            out, log = tmp / f"rl_{len(results)}", tmp / f"slow_tool_{len(results)}.jsonl"
+
+        def args_for(out: Path, extra: list[str]) -> list[str]:
+            os.environ["SLOW_TOOL_LOG"] = (
+                f"{out}_slow_tool.jsonl"  # the `rl` command (where replies run) inherits it
+            )
             args = ["@", str(job), "--output-dir", str(out), "--inference.port", str(free_port())]
-            args += ["--max-steps", str(d["steps"]), *overrides, *extra]
-            if root == ROOT:  # a bad override fails here, before the run (another ref: its own check)
-                load(RLConfig, args)
-            os.environ["SLOW_TOOL_LOG"] = str(log)  # the `rl` command (where replies run) inherits it
-            res = run_variant(args, out, logs, name, root)
-            res |= env_stats(out, len(res["per_step"]["step"]), log) | {
-                "overrides": extra,
-                "checkout": str(root),
-            }
-            results[name] = res
-            write(a.out, results, env=env, partial=True)
-            print(name, {k: res.get(k) for k in COLS}, flush=True)
+            return [*args, "--max-steps", str(d["steps"]), *overrides, *extra]
+
+        def measure(out: Path, res: dict[str, Any]) -> dict[str, Any]:
+            return env_stats(out, res["steps"], Path(f"{out}_slow_tool.jsonl"))
+
+        run_variants(a, tmp, stack, logs, args_for, measure, results, env, COLS)
     results["trl"] = {"ran": False, "why": TRL_WHY}
     config = run_config(a, shape, job_dict, overrides, d["steps"]) | {
         "max_turns": MAX_TURNS,

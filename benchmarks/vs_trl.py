@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ from common import (
     command,
     exit_on_sigterm,
     free_port,
+    keep_logs,
     loop_summary,
     median,
     run_rlfleet,
@@ -235,7 +235,6 @@ def main() -> None:
 
     from rlfleet.config.loader import load
     from rlfleet.config.models import RLConfig
-    from rlfleet.store import layout
     from rlfleet.trainer.tiny import build_tokenizer, make_tiny_model, tiny_config
 
     shape = SHAPES[a.shape] | ({"dtype": "bfloat16"} if a.device == "cuda" else {})
@@ -273,8 +272,7 @@ def main() -> None:
         if a.only != "trl":
             results["rlfleet"] = run_rlfleet(argv, tmp / "rlfleet", logs / "rlfleet.log")
             if a.logs:  # the trainer's and vLLM's own logs beside the command's, as rlfleet_<dir>_<file>
-                for f in (tmp / "rlfleet" / layout.LOGS).rglob("*.log"):
-                    shutil.copy(f, logs / f"rlfleet_{f.parent.name}_{f.name}")
+                keep_logs(tmp / "rlfleet", logs, "rlfleet")
             print("rlfleet", {k: v for k, v in results["rlfleet"].items() if k != "per_step"}, flush=True)
         env["loadavg_between"] = os.getloadavg()
         if a.only != "rlfleet":
