@@ -200,7 +200,7 @@ def start_fleet(
 
     name = tomllib.loads(fleet_toml.read_text())["name"]
     t0 = time.time()
-    argv = [sys.executable, "-m", "rlfleet.cli", "fleet", "up", "@", str(fleet_toml), *args]
+    argv = rlfleet_cmd("fleet", "up", "@", str(fleet_toml), *args)
     fleet = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     while f"fleet {name} up" not in log.read_text():
         if fleet.poll() is not None:
