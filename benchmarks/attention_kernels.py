@@ -195,10 +195,7 @@ def measure(kernel: str, shape: str, total: int, longest: int, iters: int) -> di
 def plot(png: str, files: list[str]) -> None:
     """Bars of TFLOP/s per shape and kernel, from every row of `files` that ran (a kernel measured
     in several files: its first row); a kernel whose gradients are wrong is marked on its bar."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from common import pyplot, save_png
 
     rows: dict[tuple[str, str], dict] = {}
     for f in files:
@@ -207,7 +204,7 @@ def plot(png: str, files: list[str]) -> None:
                 rows.setdefault((r["shape"], r["kernel"]), r)
     shapes = sorted({s for s, _ in rows})
     kernels = list(dict.fromkeys(k for _, k in rows))
-    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(shapes) * len(kernels) / 3, 3.8))
+    fig, ax = pyplot().subplots(figsize=(2.2 + 1.6 * len(shapes) * len(kernels) / 3, 3.8))
     width = 0.8 / len(kernels)
     for i, kernel in enumerate(kernels):
         for j, shape in enumerate(shapes):
@@ -223,8 +220,7 @@ def plot(png: str, files: list[str]) -> None:
     ax.set_ylabel("TFLOP/s, causal forward + backward")
     ax.set_title("varlen attention on one packed row of 16,384 tokens, one H200, bf16", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    save_png(fig, png)
 
 
 def main() -> None:
@@ -275,8 +271,9 @@ def main() -> None:
         "cudnn": torch.backends.cudnn.version(),
         "rows": rows,
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(doc, indent=2))
+    from common import dump
+
+    dump(a.out, doc, indent=2)
 
 
 if __name__ == "__main__":

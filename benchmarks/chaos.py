@@ -34,10 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from chaos_checks import TAG, Check, leftovers, lineage
-from chaos_report import Fault, combined, fault_counts, show
-from chaos_run import RunView
-from common import ROOT, free_port, tiny_model, write
+from chaos_checks import TAG, Check, Fault, RunView, combined, fault_counts, leftovers, lineage, show
+from common import ROOT, free_port, rlfleet_cmd, tiny_model, write
 
 from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
@@ -410,7 +408,7 @@ def soak_one(a: argparse.Namespace, base: Path, model: Path, overrides: list[str
         *overrides,
     ]  # fmt: skip
     cfg = load(RLConfig, args)  # a bad override fails here
-    cmd = [sys.executable, "-m", "rlfleet.cli", "rl", *args]
+    cmd = rlfleet_cmd("rl", *args)
     tag = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # its own temporary server
     env |= {TAG: tag, "PREFECT_HOME": str(base / "prefect"), "PYTHONUNBUFFERED": "1"}

@@ -25,15 +25,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from common import run_rl, write  # benchmarks/common.py puts the repo root on sys.path
+from common import ROOT, free_port, pyplot, run_rl, save_png, write
+from common import steps as step_records
 
 from rlfleet.config.loader import load
 from rlfleet.config.models import RLConfig
 from rlfleet.store import RunStore, layout
-from rlfleet.store.records import read_steps
-from tests.helpers import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "smollm2" / "rl.toml"
 
 
@@ -95,7 +93,7 @@ def done(out: Path, steps: int | None = None) -> list[dict[str, Any]] | None:
     None if there is none (or it has fewer than `steps` steps)."""
     if not (out / "summary.json").exists():
         return None
-    records = read_steps(RunStore(out))
+    records = step_records(out)
     return records if records and (steps is None or len(records) >= steps) else None
 
 
@@ -144,12 +142,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
 
 def plot(results: dict[str, Any], png: str) -> None:
     """Greedy pass@1 of each arm against steps trained and against the loop's seconds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = pyplot().subplots(1, 2, figsize=(12, 4.5))
     lines = dict(results["arms"])
     if "teacher" in results and lines.get("rl") is not results["teacher"]:
         lines["the teacher's run (RL)"] = results["teacher"]
@@ -174,8 +167,7 @@ def plot(results: dict[str, Any], png: str) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend()
     fig.suptitle("SmolLM2-135M-Instruct, one-digit addition: on-policy distillation against RL")
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    save_png(fig, png, dpi=120)
 
 
 def main() -> None:

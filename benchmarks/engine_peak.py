@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 # How the peak's requests are sent. as_sent: as rlfleet's sampler sends a trajectory (vLLM's
@@ -76,31 +73,17 @@ async def _burst(
             await client.aclose()
 
 
-def _profile(pid: int, seconds: float, out: Path) -> subprocess.Popen | None:
-    """py-spy over the server and its engine core while a burst runs (benchmarks only; None
-    without py-spy on PATH): where the serving path's CPU goes."""
-    if not shutil.which("py-spy"):
-        return None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--duration", str(int(seconds))]
-    cmd += ["--rate", "50", "--format", "raw", "--nonblocking", "-o", str(out)]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(out.with_suffix(".log"), "w"))
-
-
 def engine_peak(
     cfg: Any,
     concurrency: list[int],
     max_tokens: int,
     variants: list[str],
     reps: int = 2,
-    profile: Path | None = None,
 ) -> dict[str, Any]:
     """One vLLM server started as rlfleet's flow starts it (placement, launch_replicas), then, for
     each C, C sequences at once (a few prompt ids, `ignore_eos`, max_tokens each, sent as the
     sampler sends them): generated tokens over the wall time of the burst, the best of `reps`
-    bursts after one warm-up burst. Each other variant (PEAK_VARIANTS) runs at the first C only.
-    `profile`: a directory for py-spy's stacks of the server and engine core over each variant's
-    first burst."""
+    bursts after one warm-up burst. Each other variant (PEAK_VARIANTS) runs at the first C only."""
     from rlfleet.config.gpu_defaults import gpu_defaults
     from rlfleet.config.placement import assign_gpus
     from rlfleet.inference.server import launch_replicas, stop_replicas
@@ -123,17 +106,10 @@ def engine_peak(
         )  # a fresh server's first bursts are slow
         for variant, c in runs:
             tries = []
-            for rep in range(reps):
-                spy = (
-                    _profile(replicas[0].process.pid, 20, profile / f"{variant}_{c}.txt")
-                    if profile and not rep
-                    else None
-                )
+            for _ in range(reps):
                 t = time.perf_counter()
                 tokens = asyncio.run(_burst(url, c, max_tokens, seed_ids, **PEAK_VARIANTS[variant]))
                 tries.append(tokens / (time.perf_counter() - t))
-                if spy:
-                    spy.wait()
             key = str(c) if variant == "as_sent" else f"{c}_{variant}"
             out["by_concurrency"][key] = {"tokens": tokens, "tokens_per_s": max(tries), "tries": tries}
             print(f"engine peak C={c} {variant}: {max(tries):.0f} tokens/s (best of {tries})", flush=True)

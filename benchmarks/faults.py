@@ -39,7 +39,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -49,7 +48,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import psutil
-from common import ROOT, Runs, exit_on_sigterm, free_port, rl_config, table, tiny_model, write
+from common import ROOT, Runs, exit_on_sigterm, free_port, rl_config, rlfleet_cmd, table, tiny_model, write
 
 from rlfleet.config.loader import load, to_toml
 from rlfleet.config.models import RLConfig
@@ -90,8 +89,7 @@ def cpu_job(tmp: Path, overrides: list[str]) -> Callable[[Path, int], RLConfig]:
 
 def cuda_job(tmp: Path, overrides: list[str]) -> Callable[[Path, int], RLConfig]:
     """long_tail.py's job (a) at the 0.5B shape, async (k = 1), with ports of its own per run."""
-    from eos_model import prepare_model
-    from long_tail import DEFAULTS, write_job
+    from long_tail import DEFAULTS, prepare_model, write_job
     from vs_trl import SHAPES
 
     d = DEFAULTS["cuda"]
@@ -207,7 +205,7 @@ def one(
     out = tmp / name
     cfg_file = tmp / f"{name}.toml"
     cfg_file.write_text(to_toml(config(out, steps)))
-    cmd = [sys.executable, "-m", "rlfleet.cli", "rl", "@", str(cfg_file)]
+    cmd = rlfleet_cmd("rl", "@", str(cfg_file))
     # side by side runs: each its own GPUs and Prefect home (its own temporary API server and database)
     env = dict(os.environ, PREFECT_HOME=str(tmp / f"{name}_prefect"), PYTHONUNBUFFERED="1")
     if gpus:

@@ -6,7 +6,7 @@ their own): each a PNG beside the JSON of its bars, which names every bar's resu
 
 benchmarks/summarize.py redraws them too, and its `--check` fails when one's JSON is stale; it draws
 the headline's (results/summary.png) with `draw`. The other pages open on a picture their own
-investigation drew (learning_vs_trl.py, long_tail_plot.py, scaling.py, packed_attention.py)."""
+investigation drew (learning_vs_trl.py, long_tail.py, scaling.py, packed_attention.py: each `--plot`)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from statistics import median
 from typing import Any
 
 from claims import RESULTS, cpu_tiny_vs_trl, fresh_clone, load  # a sibling: this directory is on sys.path
+from common import pyplot, save_png
 
 
 def bar(
@@ -29,15 +30,10 @@ def bar(
 
 def draw(figure: dict[str, Any], png: Path) -> None:
     """A figure JSON's bars, one horizontal panel per `panel`, a line at `ref` (the peer, for ratios)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows, ref = figure["bars"], figure.get("ref")
     panels = list(dict.fromkeys(r["panel"] for r in rows))
     counts = [sum(r["panel"] == p for r in rows) for p in panels]  # a bar's height the same in each
-    fig, axes = plt.subplots(
+    fig, axes = pyplot().subplots(
         len(panels), 1, figsize=(9, 1.3 + 0.3 * sum(counts)), dpi=110, height_ratios=counts, squeeze=False
     )
     for ax, panel in zip(axes[:, 0], panels, strict=True):
@@ -59,9 +55,7 @@ def draw(figure: dict[str, Any], png: Path) -> None:
         ax.set_xlabel(figure["xlabel"])
         ax.set_xlim(0, max(r["value"] for r in mine) * 1.18)
     fig.suptitle(figure["title"], fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png)
-    plt.close(fig)
+    save_png(fig, png, dpi=110)
 
 
 def startup() -> dict[str, Any]:
@@ -160,31 +154,14 @@ def weights() -> dict[str, Any]:
         "the tiny model's weights: one step's broadcast, median s",
         "one 200 MiB file: publish + fetch, median s",
     )
-    return {
-        "title": "Weight broadcast: a local run store against S3 (moto, loopback), 2026-11-22",
-        "xlabel": "seconds",
-        "bars": [
-            bar(
-                step,
-                "local disk",
-                r["local"]["median_total_s"],
-                name,
-                text=f"{r['local']['median_total_s']:.3f} s",
-            ),
-            bar(
-                step,
-                "S3",
-                r["s3"]["median_total_s"],
-                name,
-                peer=True,
-                text=f"{r['s3']['median_total_s']:.3f} s",
-            ),
-            bar(
-                big, "local disk", r["big_local"]["median_publish_s"] + r["big_local"]["median_fetch_s"], name
-            ),
-            bar(big, "S3", r["big_s3"]["median_publish_s"] + r["big_s3"]["median_fetch_s"], name, peer=True),
-        ],
-    }
+    bars = []
+    for label, key, peer in (("local disk", "local", False), ("S3", "s3", True)):
+        s = r[key]["median_total_s"]
+        bars.append(bar(step, label, s, name, peer, f"{s:.3f} s"))
+    for label, key, peer in (("local disk", "big_local", False), ("S3", "big_s3", True)):
+        bars.append(bar(big, label, r[key]["median_publish_s"] + r[key]["median_fetch_s"], name, peer))
+    title = "Weight broadcast: a local run store against S3 (moto, loopback), 2026-11-22"
+    return {"title": title, "xlabel": "seconds", "bars": bars}
 
 
 FIGURES: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {  # name -> (its JSON, its bars)

@@ -24,9 +24,8 @@ import tempfile
 import time
 import tomllib
 from pathlib import Path
-from typing import Any
 
-from common import ROOT, free_port, start_fleet, table, tiny_model, write
+from common import ROOT, command, free_port, rlfleet_cmd, start_fleet, steps, table, tiny_model, write
 
 GRID = """
 import json, sys
@@ -38,21 +37,6 @@ from rlfleet.flows.ablation import ablation
 rows = ablation(base=load(RLConfig, sys.argv[3:]), grid=json.loads(sys.argv[2]))
 print("ROWS", json.dumps(rows))
 """
-
-
-def steps_of(out: Path) -> list[dict[str, Any]]:
-    from rlfleet.store import RunStore
-    from rlfleet.store.records import read_steps
-
-    return read_steps(RunStore(str(out)))
-
-
-def timed(argv: list[str], log: Path, env: dict[str, str]) -> tuple[float, float]:
-    """(start, wall) of a command run to its end; its output in `log`."""
-    t0 = time.time()
-    with log.open("w") as f:
-        subprocess.run(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, check=True)
-    return t0, time.time() - t0
 
 
 def all_warm(name: str, n: int, fleet: subprocess.Popen, limit_s: float = 600.0) -> float:
@@ -112,12 +96,9 @@ def main() -> None:
             print(f"fleet {name} up and warm, {n} replicas: {fleet_up_s:.1f} s", flush=True)
             alone_out = tmp / "alone"
             point = ["--trainer.lr", str(grid["trainer.lr"][0])]
-            start, alone_wall = timed(
-                [sys.executable, "-m", "rlfleet.cli", "rl", *run, "--output-dir", str(alone_out), *point],
-                tmp / "alone.log",
-                env,
-            )
-            alone = {"wall_s": alone_wall, "first_step_s": steps_of(alone_out)[0]["finished_at"] - start}
+            cmd = rlfleet_cmd("rl", *run, "--output-dir", str(alone_out), *point)
+            _, start, alone_wall = command(cmd, tmp / "alone.log", env)
+            alone = {"wall_s": alone_wall, "first_step_s": steps(alone_out)[0]["finished_at"] - start}
             alone["then_warm_again_s"] = all_warm(name, n, fleet)
             print("alone", alone, flush=True)
             grid_argv = [
@@ -130,22 +111,17 @@ def main() -> None:
                 "--output-dir",
                 str(tmp / "grid"),
             ]
-            start, grid_wall = timed(grid_argv, tmp / "grid.log", env)
+            _, start, grid_wall = command(grid_argv, tmp / "grid.log", env)
             rows = json.loads((tmp / "grid.log").read_text().split("ROWS ", 1)[1].splitlines()[0])
             children = []
             for row in rows:
-                steps = steps_of(Path(row["output_dir"])) if row.get("output_dir") else []
-                children.append(
-                    {k: row.get(k) for k in ("point", "state", "median_step_s", "tokens_per_s")}
-                    | (
-                        {
-                            "first_step_s": steps[0]["finished_at"] - start,
-                            "end_s": steps[-1]["finished_at"] - start,
-                        }
-                        if steps
-                        else {}
-                    )
-                )
+                child = {k: row.get(k) for k in ("point", "state", "median_step_s", "tokens_per_s")}
+                if recs := steps(row["output_dir"]) if row.get("output_dir") else []:
+                    child |= {
+                        "first_step_s": recs[0]["finished_at"] - start,
+                        "end_s": recs[-1]["finished_at"] - start,
+                    }
+                children.append(child)
             print("grid", grid_wall, children, flush=True)
         finally:
             fleet.terminate()

@@ -21,13 +21,24 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, free_port, machine, median, start_fleet, table, tiny_model, write
+from common import (
+    ROOT,
+    command,
+    free_port,
+    machine,
+    median,
+    rlfleet_cmd,
+    start_fleet,
+    steps,
+    table,
+    tiny_model,
+    write,
+)
 
 JOB = ROOT / "examples" / "tiny" / "rl.toml"
 
@@ -35,26 +46,17 @@ JOB = ROOT / "examples" / "tiny" / "rl.toml"
 def first_step(
     model: Path, out: Path, port: int, fleet: str | None, env: dict[str, str], extra: list[str]
 ) -> dict[str, Any]:
-    from rlfleet.store import RunStore
-    from rlfleet.store.records import read_steps
-
-    argv = [sys.executable, "-m", "rlfleet.cli", "rl", "@", str(JOB), "--model.path", str(model)]
+    argv = ["@", str(JOB), "--model.path", str(model), "--output-dir", str(out), "--max-steps", "2"]
     argv += [
-        "--output-dir",
-        str(out),
-        "--max-steps",
-        "2",
         "--inference.port",
         str(port),
         "--wandb.mode",
         "disabled",
+        *(["--fleet", fleet] if fleet else []),
+        *extra,
     ]
-    argv += (["--fleet", fleet] if fleet else []) + extra
-    t0 = time.time()
-    with (out.parent / f"{out.name}.log").open("w") as log:
-        subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, check=True)
-    wall = time.time() - t0
-    rec = read_steps(RunStore(str(out)))[0]
+    _, t0, wall = command(rlfleet_cmd("rl", *argv), out.parent / f"{out.name}.log", env)
+    rec = steps(out)[0]
     return {"first_step_s": rec["finished_at"] - t0, "wall_s": wall, "step0": rec["phase_seconds"]}
 
 
@@ -79,13 +81,10 @@ def woke_s(log: Path) -> float | None:
 
 def eval_wall(model: Path, run: Path, port: int, fleet: str | None, env: dict[str, str]) -> float:
     """Command start -> end of `rlfleet eval` of the run's latest checkpoint (32 greedy answers)."""
-    argv = [sys.executable, "-m", "rlfleet.cli", "eval", "--output-dir", str(run), "--model.path", str(model)]
-    argv += ["--checkpoint", "latest", "--eval.num-examples", "32", "--inference.max-model-len", "256"]
+    argv = ["eval", "--output-dir", str(run), "--model.path", str(model), "--checkpoint", "latest"]
+    argv += ["--eval.num-examples", "32", "--inference.max-model-len", "256"]
     argv += ["--fleet", fleet] if fleet else ["--inference.port", str(port)]
-    t0 = time.time()
-    with (run.parent / f"{run.name}_eval_{fleet or 'cold'}.log").open("w") as log:
-        subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, check=True)
-    return time.time() - t0
+    return command(rlfleet_cmd(*argv), run.parent / f"{run.name}_eval_{fleet or 'cold'}.log", env)[2]
 
 
 def main() -> None:

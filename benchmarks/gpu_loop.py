@@ -40,14 +40,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import median, rl_config, run_rl, table, write
+from common import median, rl_config, run_rl, table_of, tiny_model, trainer_metrics, write
 
-from rlfleet.store import RunDir, RunStore, layout
-from rlfleet.store.records import read_metrics
+from rlfleet.store import RunDir, layout
 from rlfleet.trainer.shapes import BODIES
-from rlfleet.trainer.tiny import make_tiny_model
 
 SHAPES: dict[str, dict[str, Any]] = {"tiny": {}, **BODIES}  # make_tiny_model's keywords
+COLS = {"first3_reward": "reward first-3", "last3_reward": "last-3", "median_step_s": "step s"}
+COLS |= {"steps_per_min": "steps/min", "median_sync_s": "sync s", "median_sample_s": "sampling s"}
+COLS |= {"median_trainer_s": "trainer s", "kv_cache_tokens": "KV tokens"}
+ROUTER = {"router/max_vio": "max_vio", "router/load_cv": "load_cv", "router/dead_experts": "dead experts"}
+ROUTER |= {"router/tokens": "tokens/layer", "active_m": "active M", "total_m": "total M"}
+MOE_X = {"median_step_s_x": "step s", "median_trainer_s_x": "trainer s", "median_sample_s_x": "sampling s"}
+MOE_X |= {"median_sync_s_x": "sync s", "active_m_moe": "active M moe", "active_m_dense": "dense"}
 
 
 def param_counts(model: Path) -> dict[str, int]:
@@ -122,11 +127,6 @@ def checkpoint_seconds(out: Path) -> dict[int, float]:
     return {m["step"]: m["checkpoint_seconds"] for m in trainer_metrics(out) if "checkpoint_seconds" in m}
 
 
-def trainer_metrics(out: Path) -> list[dict[str, Any]]:
-    store = RunStore(out)
-    return [read_metrics(store, s) for s in store.json_steps(layout.METRICS)]
-
-
 class Killer(threading.Thread):
     """SIGKILL a process group of the run (its pidfile under run/: `trainer` or `inference_0`)
     once `metrics/step_N.json` exists; remember when."""
@@ -176,7 +176,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(a.work or tmp_s)
         for shape in a.shapes.split(","):
-            model = make_tiny_model(tmp / f"model_{shape}", seed=0, **SHAPES[shape])
+            model = tiny_model(tmp / shape, **SHAPES[shape])
             params = param_counts(model)
             for transport, level in [
                 (t, int(k)) for t in a.transports.split(",") for k in a.levels.split(",")
@@ -224,67 +224,28 @@ def main() -> None:
                     results["moe_vs_dense"] = pairs
                 print(key, {k: v for k, v in run.items() if k != "records"}, flush=True)
                 write(a.out, results)  # after every run: a later failure keeps what was measured
-    table(
-        f"RL loop on one GPU, {a.steps} steps ({a.warmup} warm-up left out of the medians)",
-        [
-            "run",
-            "reward first-3",
-            "last-3",
-            "step s",
-            "steps/min",
-            "sync s",
-            "sampling s",
-            "trainer s",
-            "KV tokens",
-        ],
-        [
-            [
-                k,
-                r["first3_reward"],
-                r["last3_reward"],
-                r["median_step_s"],
-                r["steps_per_min"],
-                r["median_sync_s"],
-                r["median_sample_s"],
-                r["median_trainer_s"],
-                r["kv_cache_tokens"],
-            ]
-            for k, r in results["runs"].items()
-        ],
+    runs = results["runs"]
+    table_of(
+        f"RL loop on one GPU, {a.steps} steps ({a.warmup} warm-up left out of the medians)", COLS, runs, "run"
     )
-    if routed := {k: r for k, r in results["runs"].items() if "router_median" in r}:
-        table(
+    for r in runs.values():  # the router's medians and the parameters, in millions, as columns
+        r |= {f"router/{k}": v for k, v in r.get("router_median", {}).items()}
+        r |= {"active_m": r["params"]["active"] / 1e6, "total_m": r["params"]["total"] / 1e6}
+    if routed := {k: r for k, r in runs.items() if "router_median" in r}:
+        table_of(
             "MoE router load balance (medians over the timed steps; rlfleet/trainer/router.py)",
-            ["run", "max_vio", "load_cv", "dead experts", "tokens/layer", "active M", "total M"],
-            [
-                [
-                    k,
-                    r["router_median"].get("max_vio", float("nan")),
-                    r["router_median"].get("load_cv", float("nan")),
-                    r["router_median"].get("dead_experts", float("nan")),
-                    r["router_median"].get("tokens", float("nan")),
-                    r["params"]["active"] / 1e6,
-                    r["params"]["total"] / 1e6,
-                ]
-                for k, r in routed.items()
-            ],
+            ROUTER,
+            routed,
+            "run",
         )
+    for x in results.get("moe_vs_dense", {}).values():
+        x |= {
+            "active_m_moe": x["params"]["moe"]["active"] / 1e6,
+            "active_m_dense": x["params"]["dense"]["active"] / 1e6,
+        }
     if pairs := results.get("moe_vs_dense"):
-        table(
-            "MoE over the dense model of equal active parameters (ratios of medians)",
-            ["run", "step s", "trainer s", "sampling s", "sync s", "active M moe", "dense"],
-            [
-                [
-                    k,
-                    x["median_step_s_x"],
-                    x["median_trainer_s_x"],
-                    x["median_sample_s_x"],
-                    x["median_sync_s_x"],
-                    x["params"]["moe"]["active"] / 1e6,
-                    x["params"]["dense"]["active"] / 1e6,
-                ]
-                for k, x in pairs.items()
-            ],
+        table_of(
+            "MoE over the dense model of equal active parameters (ratios of medians)", MOE_X, pairs, "run"
         )
 
 

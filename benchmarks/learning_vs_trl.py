@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,9 +43,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from learning_plot import plot, point
+from common import ROOT, command, dump, free_port, machine, pyplot, rlfleet_cmd, save_png, steps, versions
 
-ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "examples" / "smollm2" / "rl.toml"
 DIFFERS = [
     "advantages: rlfleet (r - mean) / (population std + 1e-6), TRL (scale_rewards='group') the Bessel-corrected "
@@ -68,10 +66,111 @@ DIFFERS = [
 ]
 
 
-def write_doc(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, separators=(",", ":"), default=str))
-    tmp.replace(path)
+# ---------------------------------------------------------------- the curves, their summary and picture
+
+POINT = ("step", "wall_s", "train_wall_s", "eval_s", "pass@1", "mean_reward")
+
+
+def point(*values: float) -> dict[str, Any]:
+    """One curve point, as each run's JSON holds it."""
+    return dict(zip(POINT, values, strict=True))
+
+
+def reach(curve: list[dict[str, Any]], target: float, key: str) -> float | None:
+    return next((p[key] for p in curve if p["pass@1"] >= target - 1e-9), None)
+
+
+def mean_curve(ds: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """The seeds' mean at each step they all evaluated."""
+    steps = sorted(set.intersection(*({p["step"] for p in d["curve"]} for d in ds)))
+    at = [[next(p for p in d["curve"] if p["step"] == s) for d in ds] for s in steps]
+    return [{k: fmean(p[k] for p in ps) for k in ("step", "wall_s", "train_wall_s", "pass@1")} for ps in at]
+
+
+def summarize(groups: dict[tuple[str, str], list[dict[str, Any]]], base: float | None) -> dict[str, Any]:
+    """Final pass@1 per (framework, variant) and when its mean curve reaches TRL's final (mean) pass@1:
+    in training seconds from the command's start (the goal's measure) and after each run's start-up
+    (`loop_s`: processes, engine and model load taken out, the loop alone)."""
+    trl = next((ds for (fw, _), ds in sorted(groups.items()) if fw == "trl"), None)
+    target = mean_curve(trl)[-1]["pass@1"] if trl else None
+    summary: dict[str, Any] = {"base_pass@1": base, "trl_final_pass@1": target, "groups": {}}
+    for (fw, var), ds in sorted(groups.items()):
+        last, mean = [d["curve"][-1] for d in ds], mean_curve(ds)
+        row: dict[str, Any] = {"seeds": [d["seed"] for d in ds], "final_step": [p["step"] for p in last]}
+        row |= {"final_pass@1": mean[-1]["pass@1"], "final_pass@1_per_seed": [p["pass@1"] for p in last]}
+        row["train_wall_s_at_end"] = mean[-1]["train_wall_s"]
+        for key in ("train_wall_s", "wall_s", "step") if target is not None else ():
+            row[f"to_trl_final_{key}"] = reach(mean, target, key)
+            row[f"to_trl_final_{key}_per_seed"] = [reach(d["curve"], target, key) for d in ds]
+        if target is not None:  # the loop alone: training seconds after the run's start-up
+            row["startup_s_per_seed"] = [d.get("startup_s") for d in ds]
+            reached = zip(row["to_trl_final_train_wall_s_per_seed"], row["startup_s_per_seed"], strict=True)
+            loop = [at - start for at, start in reached if at is not None]
+            row["to_trl_final_loop_s"] = fmean(loop) if len(loop) == len(ds) else None
+        summary["groups"][f"{fw}/{var}"] = row
+    theirs = next((r for k, r in summary["groups"].items() if k.startswith("trl/")), {})
+    for k, row in summary["groups"].items():
+        if theirs and not k.startswith("trl/"):  # the goal: TRL's time / rlfleet's >= 3
+            for key in ("train_wall_s", "wall_s", "loop_s"):
+                mine, ref = row[f"to_trl_final_{key}"], theirs[f"to_trl_final_{key}"]
+                row[f"trl_over_rlfleet_{key}"] = ref / mine if mine and ref else None
+            row["goal_3x_met"] = (row["trl_over_rlfleet_train_wall_s"] or 0) >= 3.0
+    return summary
+
+
+def job_title(docs: list[dict[str, Any]]) -> str:
+    """What the runs trained, from their own config: the model's directory, the job TOML, max_tokens."""
+    jobs = {
+        f"{Path(c['model']).name}, {c['job']}, max_tokens {c['max_tokens']}"
+        for d in docs
+        if {"model", "job", "max_tokens"} <= (c := d.get("config") or {}).keys()
+    }
+    return "; ".join(sorted(jobs)) or "learning_vs_trl.py runs"
+
+
+def plot(files: list[str], png: str | None, summary_path: str | None) -> None:
+    docs = [d for f in files if "framework" in (d := json.loads(Path(f).read_text()))]  # not a summary
+    base = [p["pass@1"] for d in docs for p in d.get("curve", []) if p["step"] == 0]
+    shared = fmean(base) if base else None  # the base model's pass@1, one number for every curve
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for d in docs:
+        curve = [p for p in d.get("curve", []) if p["step"] != 0]
+        if curve:  # a run cut before its first eval has nothing to draw
+            curve = ([point(0, 0.0, 0.0, 0.0, shared, float("nan"))] if base else []) + curve
+            groups.setdefault((d["framework"], d["variant"]), []).append(d | {"curve": curve})
+    summary = {"files": files} | summarize(groups, shared)
+    if summary_path:
+        Path(summary_path).write_text(json.dumps(summary, separators=(",", ":")))
+    print(json.dumps(summary, indent=2))
+    if not png:
+        return
+    fig, axes = pyplot().subplots(1, 2, figsize=(13, 5))
+    for n, ((fw, var), ds) in enumerate(sorted(groups.items())):
+        for d in ds:  # each seed thin, the mean over seeds (at the steps all have) thick
+            for ax, key in zip(axes, ("train_wall_s", "step"), strict=True):
+                ax.plot(
+                    [p[key] for p in d["curve"]],
+                    [p["pass@1"] for p in d["curve"]],
+                    f"C{n}",
+                    lw=0.8,
+                    alpha=0.35,
+                )
+        mean = mean_curve(ds)
+        ys = [p["pass@1"] for p in mean]
+        kw = {"color": f"C{n}", "lw": 2, "marker": "o", "ms": 3, "label": f"{fw} {var} ({len(ds)} seeds)"}
+        axes[0].plot([p["train_wall_s"] for p in mean], ys, **kw)
+        axes[1].plot([p["step"] for p in mean], ys, **kw)
+    for ax, xl in zip(
+        axes, ("training wall-clock s (start-up in, evals out)", "optimizer step"), strict=True
+    ):
+        ax.set(xlabel=xl, ylabel="eval pass@1 (greedy)", ylim=(-0.02, 1.02))
+        ax.grid(alpha=0.3)
+        if summary["trl_final_pass@1"] is not None:
+            ax.axhline(summary["trl_final_pass@1"], color="gray", ls="--", lw=0.8)
+    axes[1].legend(fontsize=8, loc="lower right")
+    who = "rlfleet vs TRL GRPOTrainer" if any(fw == "trl" for fw, _ in groups) else "rlfleet's variants"
+    fig.suptitle(f"{job_title(docs)}: {who} (thin: seeds, thick: mean)")
+    save_png(fig, png, dpi=120)
 
 
 # ---------------------------------------------------------------- rlfleet
@@ -79,14 +178,10 @@ def write_doc(path: Path, doc: dict[str, Any]) -> None:
 
 def rlfleet_progress(run: Path, t0: float) -> dict[str, Any]:
     """The curve, training rewards and start-up from the flow's step records so far."""
-    recs = []
-    for f in (run / "steps").glob("step_*.json"):
-        try:
-            recs.append(json.loads(f.read_text()))
-        except (OSError, ValueError):
-            continue  # a file being replaced
-    recs.sort(key=lambda r: r["step"])
-    curve, evals = [], 0.0
+    try:
+        recs, curve, evals = steps(run), [], 0.0
+    except (OSError, ValueError):  # a record being replaced: the next tick reads it
+        return {}
     for r in recs:
         evals += r["phase_seconds"].get("eval", 0.0)
         if "eval" in r:
@@ -101,42 +196,22 @@ def rlfleet_progress(run: Path, t0: float) -> dict[str, Any]:
     return out
 
 
-def supervise(cmd: list[str], env: dict[str, str], out: Path, limit: float | None, tick: Any) -> int | None:
-    """`cmd` from the repo root, its output in out's .log, `tick()` every 5 s and at its end; past
-    `limit` seconds it gets SIGTERM (rlfleet's flow takes vLLM and the trainer down with it): None."""
-    with out.with_suffix(".log").open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-        end, rc = time.time() + (limit or float("inf")), None
-        while (rc := proc.poll()) is None and time.time() < end:
-            tick()
-            time.sleep(5)
-        if rc is None:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    tick()
-    return rc
-
-
 def run_rlfleet(
     argv: list[str], doc: dict[str, Any], out: Path, work: Path, limit: float | None
 ) -> int | None:
     # its own Prefect home: parallel runs on one host must not share one SQLite database
     env = dict(os.environ, PREFECT_HOME=str(work / "prefect"))
-    exe = Path(sys.executable).parent / "rlfleet"
-    cmd = [*([str(exe)] if exe.exists() else [sys.executable, "-m", "rlfleet.cli"]), "rl", *argv]
     doc["t0"] = t0 = time.time()
 
     def tick() -> None:
         seen = len(doc["train_reward"])
         doc.update(rlfleet_progress(work / "rlfleet", t0))
         if len(doc["train_reward"]) != seen:
-            write_doc(out, doc)
+            dump(out, doc)
 
-    rc = supervise(cmd, env, out, limit, tick)
+    rc, _, _ = command(
+        rlfleet_cmd("rl", *argv), out.with_suffix(".log"), env, limit=limit, tick=tick, check=False
+    )
     doc["total_wall_s"] = time.time() - t0
     return rc
 
@@ -146,7 +221,7 @@ def run_rlfleet(
 
 def trl_grpo(cfg: Any, a: argparse.Namespace, work: Path, cuda: bool) -> dict[str, Any]:
     """GRPOConfig kwargs mirroring rlfleet's resolved config (its weights: fp32 masters)."""
-    from trl_match import grpo_kwargs
+    from trl_worker import grpo_kwargs
 
     seqs = cfg.orchestrator.batch_size * cfg.orchestrator.group_size
     micro = a.trl_micro_batch if seqs % a.trl_micro_batch == 0 else seqs
@@ -164,7 +239,7 @@ def run_trl(
         json.dumps({"argv": argv, "doc": doc, "out": str(out), "model": model})
     )
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_trl-worker", str(work / "trl_spec.json")]
-    rc = supervise(cmd, env, out, limit, lambda: None)
+    rc, _, _ = command(cmd, out.with_suffix(".log"), env, limit=limit, check=False)
     doc.update({k: v for k, v in json.loads(out.read_text()).items() if k != "status"})  # the worker's writes
     doc["total_wall_s"] = time.time() - t0
     return rc
@@ -173,7 +248,6 @@ def run_trl(
 def trl_worker(spec_path: str) -> None:
     """One TRL GRPO run; rewrites the run's JSON after every eval point."""
     spec = json.loads(Path(spec_path).read_text())
-    sys.path.insert(0, str(ROOT))  # rlfleet from this checkout when it is not installed
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -258,7 +332,7 @@ def trl_worker(spec_path: str) -> None:
         at = (wall, wall - state["eval_s"]) if step else (0.0, 0.0)  # the base model: the (0 s, step 0) point
         doc["curve"].append(point(step, *at, dt, p1, fmean(rewards)))
         doc["curve"][-1]["sample"] = texts[:3]
-        write_doc(out, doc)
+        dump(out, doc)
         print(f"eval step {step}: pass@1 {p1:.3f} ({dt:.1f} s)", flush=True)
 
     class Clock(TrainerCallback):
@@ -280,7 +354,7 @@ def trl_worker(spec_path: str) -> None:
 
     trainer.add_callback(Clock())
     trainer.train()
-    write_doc(out, doc)
+    dump(out, doc)
     sys.stdout.flush()
     os._exit(0)  # not waiting on the colocated engine's teardown
 
@@ -321,10 +395,6 @@ def main() -> None:
         return
     if not (a.framework and a.out):
         ap.error("a run needs --framework and --out (or use --plot)")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import free_port, machine
-    from vs_trl import versions
-
     from rlfleet.config.loader import load
     from rlfleet.config.models import RLConfig
 
@@ -377,7 +447,7 @@ def main() -> None:
         "status": "running",
     }
     doc |= {"command": sys.argv, "config": config, "curve": [], "train_reward": []}
-    write_doc(out, doc)
+    dump(out, doc)
     try:
         if a.framework == "rlfleet":
             rc = run_rlfleet(argv, doc, out, work, a.time_limit)
@@ -388,7 +458,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     doc["status"] = {0: "done", None: f"cut at --time-limit {a.time_limit} s"}.get(rc, f"failed (exit {rc})")
     doc["env"] = machine() | versions()
-    write_doc(out, doc)
+    dump(out, doc)
     keys = ("framework", "variant", "seed", "status", "startup_s", "total_wall_s")
     print(json.dumps({k: doc.get(k) for k in keys}, default=str), f"log: {out.with_suffix('.log')}")
     for p in doc["curve"]:

@@ -2,7 +2,7 @@
 
 The lengths come from the model's own EOS: random init samples EOS at a steady rate per token, so
 lengths are geometric, clipped at max_tokens (the tiny model's 128 ids: 1/128; `--eos-rate` tunes
-a larger vocabulary's model to 4/max_tokens, see eos_model.py). The repeat reward is per="completion"
+a larger vocabulary's model to 4/max_tokens: `tune_eos`). The repeat reward is per="completion"
 (the letter's share of the completion) so RL does not push every sample to max_tokens. Both
 frameworks get the same weights, prompts, reward and optimizer (vs_trl.py's pieces); TRL runs
 `--trl-steps` of them. Also measured: the engine's peak, one vLLM server started as rlfleet starts
@@ -24,7 +24,7 @@ Any other `--section.key value` overrides the job for every rlfleet variant (and
 vs_trl maps it); `--variants "NAME=ARGS;NAME=ARGS"` runs rlfleet once per entry with its own extra
 overrides; `--rlfleet-ref GITREF` also runs each variant from a `git worktree` of GITREF, or from
 a checkout directory of that name (named NAME@GITREF; that ref must know RepeatArgs.per).
-`long_tail_plot.py` draws the rlfleet runs of one or more result files side by side.
+`--plot A.json [B.json ...]` draws the rlfleet runs of result files side by side (`plot`).
 """
 
 from __future__ import annotations
@@ -35,19 +35,36 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import tomllib
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from claims import machine
+from common import (
+    ROOT,
+    bar,
+    exit_on_sigterm,
+    free_port,
+    keep_logs,
+    pyplot,
+    rollouts,
+    run_rlfleet,
+    save_png,
+    steps,
+    table_of,
+    tiny_model,
+    versions,
+    write,
+)
 from engine_peak import PEAK_VARIANTS, engine_peak
-from eos_model import prepare_model
-from trl_match import trl_batch
 from trl_servers import placement, sampler, sampler_arguments, visible_gpus
-from trl_worker import processes_argument
-from vs_trl import DIFFERS, ROOT, SHAPES, run_rlfleet, run_trl, trl_spec, versions
+from trl_worker import processes_argument, trl_batch
+from vs_trl import DIFFERS, SHAPES, positions_for, run_trl, trl_spec
 
 # per device: the job (micro = rlfleet's micro_batch_size: packed rows when seq_len > 0), TRL's steps and
 # micro-batch (sequences), the peak's tokens per request
@@ -65,6 +82,64 @@ RUN_COLS |= {"gen_tokens_per_s": "tok/s", "busy": "busy", "busy_all": "busy all"
 LEN_COLS = {"len_mean": "mean", "len_p50": "p50", "len_p90": "p90", "len_p99": "p99", "len_max": "max"}
 LEN_COLS |= {"truncated": "share at max_tokens"}
 COLS = RUN_COLS | LEN_COLS
+
+
+# ---------------------------------------------------------------- the model
+
+
+def tune_eos(model: Path, rate: float, positions: int = 1024, seed: int = 0) -> dict[str, float]:
+    """Make EOS about this likely per token, in any context: hidden dimension 0 becomes a constant
+    that no layer reads or writes (its embedding column one weight's size, its rows of o_proj and
+    down_proj and its input-norm weights 0), so after the final norm it is ~constant / rms(x); the
+    LM head reads EOS, and only EOS, from it with the weight that makes the mean P(EOS) over
+    `positions` random-token positions `rate`. The rest of the model is untouched; saved in its dtype."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(dev)
+    dtype, eos = json.loads((model / "config.json").read_text())["dtype"], m.config.eos_token_id
+    emb, head = m.get_input_embeddings().weight, m.get_output_embeddings().weight
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        emb[:, 0] = emb[:, 1:].std()
+        for layer in m.model.layers:
+            layer.self_attn.o_proj.weight[0] = layer.mlp.down_proj.weight[0] = 0.0
+            layer.input_layernorm.weight[0] = layer.post_attention_layernorm.weight[0] = 0.0
+        head[:, 0] = 0.0
+        ids = torch.randint(3, m.config.vocab_size, (1, positions), generator=g).to(dev)
+        h = m.model(ids).last_hidden_state[0]
+        base = h @ head.T
+        lo, hi = 0.0, 1e5
+        for _ in range(80):  # bisect the weight: P(EOS) rises with it (h[:, 0] > 0)
+            w = (lo + hi) / 2
+            logits = base.clone()
+            logits[:, eos] += w * h[:, 0]
+            p = torch.softmax(logits, -1)[:, eos]
+            lo, hi = (w, hi) if p.mean().item() < rate else (lo, w)
+        head[eos, 0] = w
+    m.to("cpu", getattr(torch, dtype)).save_pretrained(model, safe_serialization=True)
+    q = p.quantile(torch.tensor([0.1, 0.9], device=p.device)).tolist()
+    return {"eos_rate": p.mean().item(), "eos_rate_p10": q[0], "eos_rate_p90": q[1], "head_weight": w}
+
+
+def prepare_model(tmp: Path, shape: dict[str, Any], max_model_len: int, max_tokens: int, rate: float | None):
+    """The random-init model both frameworks load, with RoPE positions for max_model_len and (rate
+    None: if 1/vocab would run most samples to max_tokens) EOS tuned to `rate` (default 4/max_tokens),
+    in a subprocess so that this process never holds a CUDA context; (path, what tune_eos reports)."""
+    model = tiny_model(tmp, **shape)
+    positions_for(model, max_model_len)
+    cfg = json.loads((model / "config.json").read_text())
+    if rate is None:
+        rate = 0.0 if 1 / cfg["vocab_size"] >= 2 / max_tokens else 4 / max_tokens
+    if not rate:
+        return model, {"tuned": False, "natural_eos_rate": 1 / cfg["vocab_size"]}
+    cmd = [sys.executable, __file__, "--_tune-eos", str(model), str(rate), str(max_model_len)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+    return model, {"tuned": True, "target": rate} | json.loads(out)
+
+
+# ---------------------------------------------------------------- the runs
 
 
 def parse_variants(spec: str) -> list[tuple[str, list[str]]]:
@@ -107,8 +182,7 @@ def run_variant(argv: list[str], out: Path, logs: Path, name: str, root: Path) -
     from rlfleet.store import layout
 
     res = run_rlfleet(argv, out, logs / f"{name}.log", env, root)
-    for f in [*(out / layout.LOGS).rglob("*.log"), *(out / layout.LOGS).rglob("profile_step_*.txt")]:
-        shutil.copy(f, logs / f"{name}_{f.parent.name}_{f.name}")
+    keep_logs(out, logs, name)
     last = json.loads((out / layout.step_json(layout.STEPS, len(res["per_step"]["step"]) - 1)).read_text())
     stream = last.get("stream") or {}  # the rollout stream's lifetime counts (absent before it existed)
     loop_s = res["steps"] / res["steps_per_s"]
@@ -118,20 +192,39 @@ def run_variant(argv: list[str], out: Path, logs: Path, name: str, root: Path) -
     }
 
 
-def finished_steps(out: Path) -> list[dict[str, Any]]:
-    """The flow's records of the steps a run finished (a run cut short by a time limit keeps them)."""
-    from rlfleet.store import RunStore
-    from rlfleet.store.records import read_steps
+def run_variants(
+    a: argparse.Namespace,
+    tmp: Path,
+    stack: ExitStack,
+    logs: Path,
+    args_for: Callable[[Path, list[str]], list[str]],
+    measure: Callable[[Path, dict[str, Any]], dict[str, Any]],
+    results: dict[str, Any],
+    env: dict[str, Any],
+    cols: dict[str, str],
+) -> None:
+    """Every rlfleet run of `--variants` (and `--rlfleet-ref`) into `results` by name, for both jobs
+    (this one and slow_tools.py): its command line `args_for(out, overrides)` (checked before the run
+    where it runs from this checkout; another ref checks its own), the run (`run_variant`), then
+    `measure(out, result)`'s figures. What the runs so far measured goes beside `--out` after each,
+    and a cut run (SIGTERM from `timeout` too) keeps the steps it finished."""
+    from rlfleet.config.loader import load
+    from rlfleet.config.models import RLConfig
 
-    return read_steps(RunStore(out))
-
-
-def rollout_records(out: Path, step: int) -> list[dict[str, Any]]:
-    """rlfleet's sample records of one step, read from the store's files (local output_dir)."""
-    from rlfleet.store import layout
-
-    files = sorted((out / layout.step_dir(layout.ROLLOUTS, step)).glob("*.jsonl"))
-    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
+    for name, extra, root in runs(parse_variants(a.variants), a.rlfleet_ref, tmp, stack):
+        out = tmp / f"rl_{len(results)}"
+        args = args_for(out, extra)
+        if root == ROOT:
+            load(RLConfig, args)
+        try:
+            res = run_variant(args, out, logs, name, root)
+        except BaseException:
+            results[name] = {"cut": True, "steps": steps(out)}
+            write(a.out, results, env=env, partial=True)
+            raise
+        results[name] = res | measure(out, res) | {"overrides": extra, "checkout": str(root)}
+        write(a.out, results, env=env, partial=True)
+        print(name, {k: results[name].get(k) for k in cols}, flush=True)
 
 
 def pct(xs: list[float]) -> dict[str, float]:
@@ -157,13 +250,6 @@ def length_summary(lengths: list[list[int]], max_tokens: int) -> dict[str, Any]:
     }
 
 
-def save_partial(out: str, env: dict[str, Any], results: dict[str, Any]) -> None:
-    """What the runs so far measured, beside `out` (a run cut off by a time limit keeps them)."""
-    path = Path(out).with_suffix(".partial.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"env": env, "results": results}, separators=(",", ":"), default=str))
-
-
 def run_config(
     a: argparse.Namespace, shape: dict[str, Any], job: dict[str, Any], overrides: list[str], steps: int
 ) -> dict[str, Any]:
@@ -180,14 +266,6 @@ def run_config(
         "rlfleet_ref": a.rlfleet_ref,
         "steps": steps,
     }
-
-
-def write_doc(out: str, env: dict[str, Any], config: dict[str, Any], results: dict[str, Any]) -> None:
-    from common import machine
-
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    doc = {"env": machine() | env | versions(), "config": config, "results": results}
-    Path(out).write_text(json.dumps(doc, separators=(",", ":"), default=str))
 
 
 def write_job(
@@ -230,7 +308,70 @@ def job_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return ap
 
 
+# ---------------------------------------------------------------- the picture
+
+
+def plotted_runs(paths: list[Path]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Every rlfleet run of the files, by name (TRL's and the ratios left out), and the first file's env."""
+    out: dict[str, dict[str, Any]] = {}
+    docs = [json.loads(path.read_text()) for path in paths]
+    for path, doc in zip(paths, docs, strict=True):
+        for name, r in doc["results"].items():
+            if isinstance(r, dict) and "stream" in r:
+                if name in out:
+                    raise SystemExit(f"{path}: a run named {name!r} is already in an earlier file")
+                out[name] = r
+    if not out:
+        raise SystemExit(f"no rlfleet run in {[str(p) for p in paths]}")
+    return out, docs[0]["env"]
+
+
+def plot(paths: list[Path]) -> Path:
+    """Per run: tokens/s sampled and trained, and its finished groups trained or dropped as stale;
+    the PNG beside the first JSON."""
+    rows, env = plotted_runs(paths)
+    fig, (tok, groups) = pyplot().subplots(1, 2, figsize=(10, 4))
+    for i, r in enumerate(rows.values()):
+        first = not i  # a legend entry per kind of bar
+        tok.bar(
+            i,
+            (r["all_gen_tokens_per_s"] or 0) / 1e3,
+            color="C7",
+            alpha=0.4,
+            label="sampled" if first else None,
+        )
+        k = r["gen_tokens_per_s"] / 1e3
+        bar(tok, i, k, f"{k:.1f}k", width=0.6, color="C0", label="trained" if first else None)
+        s = r["stream"]
+        trained = s["finished"] - s["dropped_stale"]
+        dropped = s["dropped_stale"] + s.get("aborted_stale", 0)  # dropped at take, or cut in flight
+        groups.bar(i, trained, color="C0", label="trained" if first else None)
+        bar(
+            groups,
+            i,
+            dropped,
+            f"{dropped} stale",
+            bottom=trained,
+            color="C3",
+            label="stale" if first else None,
+        )
+    for ax, label in ((tok, "tokens/s (thousands)"), (groups, "groups finished or cut")):
+        ax.set_xticks(range(len(rows)), list(rows), rotation=15)
+        ax.set_ylabel(label)
+        ax.legend(loc="lower right", fontsize=8)
+    counts = "/".join(map(str, sorted({r["steps"] for r in rows.values()})))
+    fig.suptitle(f"job (a), {counts} steps each, {machine(env)}, {env.get('date', '')}", fontsize=10)
+    return save_png(fig, paths[0].with_suffix(".png"))
+
+
+# ---------------------------------------------------------------- main
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--_tune-eos"]:  # prepare_model's subprocess: no CUDA context left behind
+        return print(json.dumps(tune_eos(Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))))
+    if sys.argv[1:2] == ["--plot"]:
+        return print(plot([Path(f) for f in sys.argv[2:]]))
     ap = job_arguments(argparse.ArgumentParser())
     ap.add_argument("--steps", type=int, default=None, help="rlfleet's steps (default: 4 cpu, 10 cuda)")
     ap.add_argument("--trl-steps", type=int, default=None, help="TRL's steps (default: 2 cpu, 5 cuda)")
@@ -260,8 +401,6 @@ def main() -> None:
     )
     a, overrides = ap.parse_known_args()
     trl_sampler = sampler(ap, a)
-    from common import exit_on_sigterm, free_port, table
-
     exit_on_sigterm()  # a cut run's finished steps reach the .partial.json (and TRL's vLLM server stops)
     if trl_sampler in ("server", "async") and a.only != "rlfleet":
         placement(visible_gpus(), a.trl_processes)  # before rlfleet's runs, not after them
@@ -285,40 +424,32 @@ def main() -> None:
         job = job_toml(a, d, model, tmp / "job.toml")
         job_dict = tomllib.loads(job.read_text())
 
-        def argv(out: Path, steps: int, extra: list[str]) -> list[str]:
+        def argv(out: Path, max_steps: int, extra: list[str]) -> list[str]:
             base = ["@", str(job), "--output-dir", str(out), "--inference.port", str(free_port())]
-            return [*base, "--max-steps", str(steps), *overrides, *extra]
+            return [*base, "--max-steps", str(max_steps), *overrides, *extra]
 
         cfg = load(RLConfig, argv(tmp / "peak", d["steps"], []))
         seqs = d["batch"] * d["group"]
         if not a.no_peak and a.only != "trl":
             tokens = a.peak_tokens or PEAK_TOKENS[a.device]
             env["engine_peak"] = engine_peak(cfg, [seqs, 2 * seqs], tokens, a.peak_variants.split(","))
-            save_partial(a.out, env, results)
+            write(a.out, results, env=env, partial=True)
             for f in (tmp / "peak" / layout.LOGS).rglob("*.log"):
                 shutil.copy(f, logs / f"peak_{f.name}")
         peak = env.get("engine_peak", {}).get("by_concurrency", {}).get(str(seqs), {}).get("tokens_per_s")
-        rl_runs = runs(parse_variants(a.variants), a.rlfleet_ref, tmp, stack) if a.only != "trl" else []
-        for name, extra, root in rl_runs:
-            out = tmp / f"rl_{len(results)}"
-            args = argv(out, d["steps"], extra)
-            if root == ROOT:  # a bad override fails here, before the run (another ref: its own check)
-                load(RLConfig, args)
-            try:
-                res = run_variant(args, out, logs, name, root)
-            except BaseException:  # SIGTERM (timeout) included: keep what the run finished
-                results[name] = {"cut": True, "steps": finished_steps(out)}
-                save_partial(a.out, env, results)
-                raise
-            steps = range(len(res["per_step"]["step"]))
-            lengths = [[sum(r["loss_mask"]) for r in rollout_records(out, s)] for s in steps]
-            res |= length_summary(lengths, d["max_tokens"]) | {"overrides": extra, "checkout": str(root)}
-            res["busy"] = res["gen_tokens_per_s"] / peak if peak else None
-            # every token sampled (groups dropped as too stale, or left over at the end, too) / peak
-            res["busy_all"] = (res["all_gen_tokens_per_s"] or 0) / peak if peak else None
-            results[name] = res
-            save_partial(a.out, env, results)
-            print(name, {k: res.get(k) for k in COLS}, flush=True)
+
+        def measure(out: Path, res: dict[str, Any]) -> dict[str, Any]:
+            lengths = [[sum(r["loss_mask"]) for r in rollouts(out, s)] for s in range(res["steps"])]
+            return length_summary(lengths, d["max_tokens"]) | {
+                "busy": res["gen_tokens_per_s"] / peak if peak else None,
+                # every token sampled (groups dropped as too stale, or left over at the end, too) / peak
+                "busy_all": (res["all_gen_tokens_per_s"] or 0) / peak if peak else None,
+            }
+
+        if a.only != "trl":
+            run_variants(
+                a, tmp, stack, logs, lambda o, x: argv(o, d["steps"], x), measure, results, env, COLS
+            )
         env["loadavg_between"] = os.getloadavg()
         cfg_trl = load(RLConfig, argv(tmp / "trl_unused", trl_steps, []))
         spec = trl_spec(cfg_trl, model, tmp, a.device, trl_sampler, a.trl_processes)
@@ -330,7 +461,7 @@ def main() -> None:
             res |= length_summary(res["per_step"]["lengths"], d["max_tokens"])
             res["busy"] = res["gen_tokens_per_s"] / peak if peak else None
             results["trl"] = res
-            save_partial(a.out, env, results)
+            write(a.out, results, env=env, partial=True)
             print("trl", {k: res.get(k) for k in COLS}, flush=True)
     if "trl" in results:
         t = results["trl"]
@@ -348,19 +479,11 @@ def main() -> None:
         "repeat_per": a.repeat_per,
         "differs": DIFFERS,
     }
-    write_doc(a.out, env, config, results)
+    write(a.out, results, config, env | versions())
     runs_ = {n: r for n, r in results.items() if n != "ratio_rlfleet_over_trl"}
     title = f"long tail: {a.shape} on {a.device}, {d['batch']}x{d['group']}, max_tokens {d['max_tokens']}"
-    table(
-        f"{title}, peak {peak and round(peak)} tok/s",
-        ["", *RUN_COLS.values()],
-        [[n, *(r.get(k) for k in RUN_COLS)] for n, r in runs_.items()],
-    )
-    table(
-        "completion lengths (tokens), all steps",
-        ["", *LEN_COLS.values()],
-        [[n, *(r.get(k) for k in LEN_COLS)] for n, r in runs_.items()],
-    )
+    table_of(f"{title}, peak {peak and round(peak)} tok/s", RUN_COLS, runs_)
+    table_of("completion lengths (tokens), all steps", LEN_COLS, runs_)
     for n, r in results.get("ratio_rlfleet_over_trl", {}).items():
         print(f"{n} / TRL:", r)
 

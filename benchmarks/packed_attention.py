@@ -77,10 +77,7 @@ def agreement(model_dir: str) -> float:
 
 def plot(path: Path) -> None:
     """Bars of tokens/s per shape and attention (MFU written on each), from `rows` of `path`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from common import bar, pyplot, save_png
 
     doc = json.loads(path.read_text())
     rows = doc["rows"]
@@ -90,7 +87,7 @@ def plot(path: Path) -> None:
         kind = f"{r['attention']}{' compiled' if r['compile'] else ''}, bounds {r['bounds']}"
         if kind not in kinds:
             kinds.append(kind)
-    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
     for ax, shape in zip(axes[0], shapes, strict=True):
         for i, kind in enumerate(kinds):
             for r in rows:
@@ -99,16 +96,19 @@ def plot(path: Path) -> None:
                     and kind.startswith(f"{r['attention']}{' compiled' if r['compile'] else ''},")
                     and kind.endswith(r["bounds"])
                 ):
-                    ax.bar(i, r["tokens_per_second"] / 1e3, color=f"C{i}", label=kind)
-                    ax.text(
-                        i, r["tokens_per_second"] / 1e3, f"{100 * r['mfu']:.0f}%", ha="center", va="bottom"
+                    bar(
+                        ax,
+                        i,
+                        r["tokens_per_second"] / 1e3,
+                        f"{100 * r['mfu']:.0f}%",
+                        color=f"C{i}",
+                        label=kind,
                     )
         ax.set_title(f"{shape} shape, packed rows ({doc['device']})")
         ax.set_ylabel("trained tokens/s (k); MFU on the bar")
         ax.set_xticks([])
     axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path.with_suffix(".png"), dpi=110)
+    save_png(fig, path.with_suffix(".png"))
 
 
 def main() -> None:
@@ -130,6 +130,7 @@ def main() -> None:
         print(json.dumps({"max_abs_diff": agreement(a.agree)}))
         return None
     sys.path.insert(0, str(Path(__file__).parent))
+    from common import dump
     from trainer_mfu import write_config
 
     rows = []
@@ -157,8 +158,7 @@ def main() -> None:
             )
             print(f"{shape}: {said} | {last}/{first} {row['speedup']:.2f}x | packed vs alone "
                   f"{row['packed_vs_alone_max_abs_logprob']:.3g}", flush=True)  # fmt: skip
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"rows": rows}, indent=2))
+    dump(a.out, {"rows": rows}, indent=2)
     return None
 
 

@@ -35,6 +35,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any, NamedTuple
 
+from common import bar, dump, pyplot, save_png
+
 D = "--deployment."
 K1 = "--orchestrator.max-async-level 1"
 K0 = "--orchestrator.max-async-level 0"
@@ -155,26 +157,18 @@ def merge(out: Path, parts: list[Path]) -> Path:
         doc["layouts"] |= {n: e for n, e in lane["layouts"].items() if "skipped" not in e}
         doc["rows"] |= lane["rows"]
     with_efficiency(doc["rows"])
-    out.write_text(json.dumps(doc, indent=2))
+    dump(out, doc, indent=2)
     return plot(out)
 
 
 def plot(path: Path) -> Path:
     """Bars of trained tokens/s per layout, efficiency written on each; the PNG beside the JSON."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     doc = json.loads(path.read_text())
     rows = {n: r for n, r in doc["rows"].items() if "tokens_per_s" in r}
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4))
+    fig, ax = pyplot().subplots(figsize=(max(6, 1.1 * len(rows)), 4))
     for i, (name, r) in enumerate(rows.items()):
-        ax.bar(i, r["tokens_per_s"] / 1e3, color=f"C{LAYOUTS[name].gpus}")
-        eff = r.get("efficiency")
-        ax.text(
-            i, r["tokens_per_s"] / 1e3, "" if eff is None else f"{100 * eff:.0f}%", ha="center", va="bottom"
-        )
+        eff = "" if r.get("efficiency") is None else f"{100 * r['efficiency']:.0f}%"
+        bar(ax, i, r["tokens_per_s"] / 1e3, eff, color=f"C{LAYOUTS[name].gpus}")
     ax.set_xticks(range(len(rows)), list(rows), rotation=30, ha="right")
     ax.set_ylabel("trained tokens/s (thousands)")
     bpg = doc.get("batch_per_gpu")
@@ -185,10 +179,7 @@ def plot(path: Path) -> Path:
         f"\nbatch {batch}; on each bar: efficiency against 1 GPU",
         fontsize=10,
     )
-    fig.tight_layout()
-    png = path.with_suffix(".png")
-    fig.savefig(png, dpi=110)
-    return png
+    return save_png(fig, path.with_suffix(".png"))
 
 
 def main() -> None:
@@ -264,10 +255,10 @@ def main() -> None:
                 with_efficiency(doc["rows"])
             else:  # a refusal names its fields on stderr
                 entry["error"] = (done.stderr or done.stdout)[-2000:]
-            Path(a.out).write_text(json.dumps(doc, indent=2))  # after each: a long run keeps what it has
+            dump(a.out, doc, indent=2)  # after each: a long run keeps what it has
     if a.dry_run:
         return
-    Path(a.out).write_text(json.dumps(doc, indent=2))
+    dump(a.out, doc, indent=2)
     if doc["rows"]:
         print(plot(Path(a.out)))
 

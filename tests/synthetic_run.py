@@ -1,6 +1,6 @@
 """A trainer run on synthetic GRPO rollouts: in this process, as a CLI process or under torchrun,
-and the losses it logged. tests/test_fsdp.py checks 2 gloo ranks against one process with it,
-benchmarks/fsdp_gpu_check.py the same claims over NCCL."""
+and the losses it logged. tests/test_fsdp.py checks 2 gloo ranks against one process with it (the
+same claims over NCCL: `git show d1694e7:benchmarks/fsdp_gpu_check.py`, docs/benchmarks/trainer.md)."""
 
 from __future__ import annotations
 

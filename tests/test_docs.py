@@ -68,7 +68,9 @@ def test_the_headline_is_one_row_per_claim_after_its_picture():
 
 
 def test_learning_plot_titles_from_the_runs_job():
-    plot = _module("benchmarks/learning_plot.py")
+    if str(ROOT / "benchmarks") not in sys.path:  # its siblings (common.py), as when run as a script
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    plot = _module("benchmarks/learning_vs_trl.py")
     run = {"config": {"model": "/m/smollm2", "job": "examples/smollm2/reason.toml", "max_tokens": 1024}}
     assert plot.job_title([run, run]) == "smollm2, examples/smollm2/reason.toml, max_tokens 1024"
     assert plot.job_title([{"framework": "trl"}]) == "learning_vs_trl.py runs"

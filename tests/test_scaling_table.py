@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def scaling():
+    if str(ROOT / "benchmarks") not in sys.path:  # its siblings (common.py), as when run as a script
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("scaling", ROOT / "benchmarks" / "scaling.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod

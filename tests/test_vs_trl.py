@@ -22,10 +22,10 @@ BATCH, GROUP, STEPS = 4, 4, 2
 
 @pytest.fixture(scope="module")
 def bench():
-    """benchmarks/ on the path, as its scripts import one another (vs_trl -> trl_match, trl_worker)."""
+    """benchmarks/ on the path, as its scripts import one another (vs_trl -> common, trl_servers, trl_worker)."""
     if str(ROOT / "benchmarks") not in sys.path:
         sys.path.insert(0, str(ROOT / "benchmarks"))
-    return importlib.import_module("vs_trl"), importlib.import_module("trl_match")
+    return importlib.import_module("vs_trl"), importlib.import_module("trl_worker")
 
 
 def run_trl(vs_trl, model: Path, tmp: Path, processes: int) -> tuple[dict, dict]:
@@ -76,17 +76,17 @@ def test_two_processes_share_the_step_batch_and_their_clocks_add_up(bench, tiny_
 
 
 def test_the_step_batch_splits_over_processes_or_is_refused(bench):
-    _, trl_match = bench
-    assert trl_match.trl_batch(256, 8, 4) == {
+    _, trl_worker = bench
+    assert trl_worker.trl_batch(256, 8, 4) == {
         "per_device_train_batch_size": 8,
         "gradient_accumulation_steps": 8,
     }
     # a micro-batch larger than a process's share is the share
-    assert trl_match.trl_batch(32, 32, 2) == {
+    assert trl_worker.trl_batch(32, 32, 2) == {
         "per_device_train_batch_size": 16,
         "gradient_accumulation_steps": 1,
     }
     with pytest.raises(SystemExit, match="24 sequences .* 5 processes x micro-batches of 4"):
-        trl_match.trl_batch(24, 4, 5)
+        trl_worker.trl_batch(24, 4, 5)
     with pytest.raises(SystemExit, match="32 sequences .* 2 processes x micro-batches of 5"):
-        trl_match.trl_batch(32, 5, 2)
+        trl_worker.trl_batch(32, 5, 2)

@@ -139,8 +139,8 @@ class Sampler:
 
         httpcore's pool scans every connection for every queued request on each send and close
         (O(requests x connections)), polling each idle socket: with 256 streams on one client that
-        was most of the controller's CPU in a multi-turn step here (benchmarks/env_cost.py,
-        cProfile), and with clients of 32 still a third of the tiny job's sampling (py-spy; the
+        was most of the controller's CPU in a multi-turn step here (docs/benchmarks/cpu.md's env
+        cost, cProfile), and with clients of 32 still a third of the tiny job's sampling (py-spy; the
         step loop 28.3 -> 22.0 s with clients of 4). Small clients keep it linear in the requests
         in flight."""
         i = min(range(len(self._clients)), key=self._streams.__getitem__, default=-1)
