@@ -3,7 +3,7 @@ for the checkpoint's host copy (checkpoint.py `HostCopy`).
 
 torch's `_create_cpu_state_dict(pin_memory=True)` copies each tensor to the host, then pins a copy
 of it: for the 0.5B shape's 6.5 GB 12.3-15.1 s on an H200, 2.0-2.9 s for SmolLM2's 1.7 GB
-(`benchmarks/host_buffers.py`). Here the tensors are views into few allocations and nothing is
+(`git show d1694e7:benchmarks/host_buffers.py`, removed since). Here the tensors are views into few allocations and nothing is
 copied: 2.3-3.6 s at 0.5B, 6.7 GB pinned, where one allocation of it all took 3.0 s. Each
 allocation is `CHUNK` bytes, or a larger power of two for a larger tensor: torch's pinned allocator
 rounds every allocation up to one, and keeps what is freed for the next of that size (a warm
