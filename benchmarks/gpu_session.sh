@@ -77,10 +77,10 @@ PY
     mkdir -p /tmp/sizes_out
     setsid nohup bash -c 'for r in '"$ROWS"'; do
         m=${r%%:*}; mode=${r#*:}; echo "$(date +%T) row $m $mode start" >> /tmp/sizes_out/progress.log
-        (cd benchmarks && timeout ${ROW_S:-420} python3 sizes.py --model $m --mode $mode --steps ${STEPS:-4} \
+        (cd benchmarks && timeout ${ROW_S:-480} python3 sizes.py --model $m --mode $mode --steps ${STEPS:-4} \
           --out /tmp/sizes_out/sizes_${m}_${mode}.json -- --wandb.mode disabled) > /tmp/sizes_out/$m-$mode.log 2>&1
         echo "$(date +%T) row $m $mode rc=$?" >> /tmp/sizes_out/progress.log
-        rm -rf /tmp/sizes/models/$m
+        rm -rf /tmp/sizes/models/$m /tmp/sizes/runs/${m}_$mode/checkpoints /tmp/sizes/runs/${m}_$mode/weights  # the disk
       done; touch /tmp/sizes_out/done' > /dev/null 2>&1 < /dev/null &
     echo "rows started: $ROWS"
     ;;
