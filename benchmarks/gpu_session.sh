@@ -91,6 +91,6 @@ PY
     tar czf "$OUT/sizes_logs.tgz" /tmp/sizes_out/*.log \
       $(find /tmp/sizes/runs -path '*/logs/*' -name '*.log' 2>/dev/null) \
       $(find /tmp/sizes/runs -path '*/configs/*' 2>/dev/null) 2>/dev/null
-    for f in /tmp/sizes_out/sizes_*.json; do python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['model'], d['mode'], d.get('ok'), d.get('peak_memory_gib'), d.get('train_tokens_per_s'), d.get('mfu'), d.get('memory_plan'), d.get('error','')[:600])" $f; done
+    for f in /tmp/sizes_out/sizes_*.json; do python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d=d.get('results', d); print(d['model'], d['mode'], d.get('ok'), d.get('peak_memory_gib'), d.get('train_tokens_per_s'), d.get('mfu'), d.get('memory_plan'), d.get('error','')[:600])" $f; done
     ;;
 esac

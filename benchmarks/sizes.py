@@ -18,14 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
-from common import machine, median, rl_config, run_rl, write
+from common import median, rl_config, run_rl, write
 
 from rlfleet.store import RunStore, layout
-from rlfleet.store.records import read_metrics
+from rlfleet.store.records import read_metrics, read_steps
 from rlfleet.trainer.shapes import make_shape_model
 
 
@@ -55,6 +56,10 @@ def row(out: Path, records: list[dict[str, Any]], wall: float, warmup: int) -> d
         "median_sample_s": median([r["sample_seconds"] for r in records[warmup:] or records]),
         "flow_wall_s": wall,
     }
+
+
+def stop(*_: object) -> None:
+    raise TimeoutError("the row's time limit (SIGTERM)")
 
 
 def main() -> None:
@@ -88,15 +93,17 @@ def main() -> None:
     args += ["--inference.max-model-len", str(a.max_tokens + 256), "--trainer.lr", "1e-5"]
     args += ["--trainer.lora.rank", "16"] if a.mode == "lora" else []
     result: dict[str, Any] = {"model": name, "mode": a.mode, "job": vars(a) | {"overrides": overrides}}
-    result |= {"machine": machine(), "model_made_s": made_s}
+    result["model_made_s"] = made_s
+    signal.signal(signal.SIGTERM, stop)  # `timeout`: the steps done so far are still a result
     try:
         records, wall = run_rl(rl_config(model, out, *args, *overrides))
         result |= {"ok": True, **row(out, records, wall, a.warmup)}
     except Exception as e:  # noqa: BLE001 - a row that fails is a result: what the plan said and why it failed
         result |= {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
-        if (out / layout.PLACEMENT).exists():
-            result["memory_plan"] = json.loads((out / layout.PLACEMENT).read_text()).get("memory")
-        result["trainer_sizing"] = trainer_lines(out) if out.exists() else []
+        try:
+            result |= row(out, read_steps(RunStore(out)), float("nan"), a.warmup)
+        except Exception:  # noqa: BLE001 - it failed before its placement or first step
+            result["trainer_sizing"] = trainer_lines(out) if out.exists() else []
     write(a.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "job"}, indent=1))
 
