@@ -117,7 +117,8 @@ def memory_plan(cfg: RLConfig, job: Job, total: int, shared: bool) -> MemoryPlan
         if "activation_checkpointing" in t.model_fields_set
         else None,
         offload=t.optimizer_offload if "optimizer_offload" in t.model_fields_set else None,
-        sleep=i.sleep if "sleep" in i.model_fields_set else None,
+        # a fleet's replica is the fleet's to rest and wake (fleet/rest.py): never put to sleep by a run
+        sleep=i.sleep if "sleep" in i.model_fields_set or cfg.fleet else None,
         vllm_share=i.gpu_memory_utilization,
     )
     chosen = plan(job, total, shared, fixed)
