@@ -71,3 +71,41 @@ def _eager_lm_head_after():
     yield
     lm_head._FWD, lm_head._BWD, lm_head._BWD_ENTROPY = saved
     torch._dynamo.reset()
+
+
+@pytest.mark.usefixtures("_eager_lm_head_after")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_frozen_head_gets_no_gradient_and_the_hidden_states_the_same_one(compiled, monkeypatch):
+    """LoRA freezes the LM head: its backward skips the [vocab, hidden] gradient (a matmul as large as
+    the head's forward, and a float32 buffer of the head's size) and leaves `grad` None; the hidden
+    states' gradient is the one a trained head gives them (with and without an entropy term)."""
+    if compiled:
+        lm_head.compile_lm_head()
+        torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    h0, w0 = torch.randn(40, 8, generator=g), torch.randn(24, 8, generator=g)
+    tgt = torch.randint(0, 24, (40,), generator=g)
+    weight_grads: list[torch.Tensor | None] = []
+
+    def spy(fn):
+        def chunk(*args):
+            gh, gw = fn(*args)
+            weight_grads.append(gw)
+            return gh, gw
+
+        return chunk
+
+    monkeypatch.setattr(lm_head, "_BWD", spy(lm_head._BWD))
+    monkeypatch.setattr(lm_head, "_BWD_ENTROPY", spy(lm_head._BWD_ENTROPY))
+    for entropy in (0.0, 0.1):
+        grads = []
+        for trains in (True, False):
+            weight_grads.clear()
+            h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_(trains)
+            lp, ent = chunked_logprobs(h, w, tgt, 16)
+            (lp.square().sum() + entropy * ent.sum()).backward()
+            assert len(weight_grads) == 3  # chunks of 16, 16 and 8 rows
+            assert all((gw is not None) == trains for gw in weight_grads)
+            assert (w.grad is not None) == trains
+            grads.append(h.grad)
+        torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-6)

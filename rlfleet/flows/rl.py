@@ -254,7 +254,9 @@ def _step(
     # `start` on: those must not come back from a retried run's cache.
     kept = dict(opts, refresh_cache=step > start)
     redo = dict(opts, refresh_cache=True)
-    walls: dict[str, float] = {}  # each phase as the flow sees it (docs/benchmarks/cpu.md: control-plane overhead)
+    walls: dict[
+        str, float
+    ] = {}  # each phase as the flow sees it (docs/benchmarks/cpu.md: control-plane overhead)
     t = time.perf_counter()
     rolled: State | PrefectFuture
     if step in ahead:

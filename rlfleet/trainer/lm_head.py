@@ -65,14 +65,17 @@ def _chunk_backward(
     grad: torch.Tensor,
     inv_temp: float,
     softcap: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """d logprob / d logits = onehot(target) - softmax, scaled by the incoming grad."""
+    weight_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """d logprob / d logits = onehot(target) - softmax, scaled by the incoming grad; the head's own
+    gradient only where it trains (`weight_grad`: a frozen head under LoRA skips a [vocab, hidden]
+    matmul a chunk)."""
     logits, dcap = _logits(hidden, weight, inv_temp, softcap)
     g = (logits - lse.unsqueeze(-1)).exp().mul_(-grad.unsqueeze(-1))
     g.scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1))
     g = g * inv_temp if dcap is None else g * inv_temp * dcap
     g = g.to(hidden.dtype)
-    return g @ weight, g.t() @ hidden
+    return g @ weight, g.t() @ hidden if weight_grad else None
 
 
 def _chunk_backward_entropy(
@@ -85,7 +88,8 @@ def _chunk_backward_entropy(
     grad_entropy: torch.Tensor,
     inv_temp: float,
     softcap: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    weight_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """As `_chunk_backward`, plus an entropy bonus's gradient: d H / d logit_j = -p_j (log p_j + H)."""
     logits, dcap = _logits(hidden, weight, inv_temp, softcap)
     logp = logits - lse.unsqueeze(-1)
@@ -93,7 +97,7 @@ def _chunk_backward_entropy(
     g.scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1))
     g = g * inv_temp if dcap is None else g * inv_temp * dcap
     g = g.to(hidden.dtype)
-    return g @ weight, g.t() @ hidden
+    return g @ weight, g.t() @ hidden if weight_grad else None
 
 
 # Swapped for torch.compile'd versions by `compile_lm_head` (fuses the [chunk, vocab] elementwise work).
@@ -136,7 +140,8 @@ class _ChunkedLogprob(torch.autograd.Function):
     def backward(ctx, grad_logprob, grad_entropy):  # type: ignore[override]
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
         grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        trains = ctx.needs_input_grad[1]  # a frozen head (LoRA): no [vocab, hidden] gradient at all
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if trains else None
         # fresh 1-D tensors: autograd hands in views of [n] or [1, n] tensors, and a view's base is
         # part of what a compiled graph guards on (step 0 recompiled for it)
         grad_logprob = (
@@ -147,7 +152,14 @@ class _ChunkedLogprob(torch.autograd.Function):
         for s, e in spans(hidden.shape[0], ctx.chunk):
             if grad_entropy is None:
                 gh, gw = _BWD(
-                    hidden[s:e], weight, targets[s:e], lse[s:e], grad_logprob[s:e], ctx.inv_temp, ctx.softcap
+                    hidden[s:e],
+                    weight,
+                    targets[s:e],
+                    lse[s:e],
+                    grad_logprob[s:e],
+                    ctx.inv_temp,
+                    ctx.softcap,
+                    trains,
                 )
             else:
                 gh, gw = _BWD_ENTROPY(
@@ -160,10 +172,19 @@ class _ChunkedLogprob(torch.autograd.Function):
                     grad_entropy[s:e],
                     ctx.inv_temp,
                     ctx.softcap,
+                    trains,
                 )
             grad_hidden[s:e] = gh
-            grad_weight += gw
-        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None
+            if grad_weight is not None:
+                grad_weight += gw
+        return (
+            grad_hidden,
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def chunked_logprobs(
