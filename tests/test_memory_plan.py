@@ -151,3 +151,37 @@ def test_rlfleet_plan_says_what_a_run_would_choose_and_starts_nothing(configs, t
     assert not out.exists()  # nothing started, nothing written
     assert main([*args[:-4], "--model.dtype", "float32", "--gpus", "1", "--gpu-gib", "40"]) == 2
     assert "Each of these would make it fit" in capsys.readouterr().err
+
+
+def test_fp8_rollouts_halve_vllms_weights_turn_the_correction_on_and_need_gpu_replicas(configs, tmp_path):
+    """inference.quantization = "fp8": vLLM is started with --quantization fp8, the plan counts its
+    weights at a byte each, [loss] is_correction defaults to token_tis (as set, it stays), and a run
+    whose replica is on the CPU is refused before anything starts."""
+    from rlfleet.inference.server import server_args
+
+    bf16, p16 = resolve(
+        configs["qwen3-8b"], H100, "--trainer.lora.rank", "16", "--orchestrator.max-async-level", "1"
+    )
+    fp8, p8 = resolve(
+        configs["qwen3-8b"],
+        H100,
+        "--trainer.lora.rank",
+        "16",
+        "--orchestrator.max-async-level",
+        "1",
+        "--inference.quantization",
+        "fp8",
+    )
+    assert p8.kv_seqs > p16.kv_seqs  # 8 GB of weights fewer: more room for KV at the same share or less
+    assert (bf16.loss.is_correction, fp8.loss.is_correction) == ("none", "token_tis")
+    args = server_args(fp8.inference_job(["0"]), 8000)
+    assert args[args.index("--quantization") + 1] == "fp8" and "--quantization" not in server_args(
+        bf16.inference_job(["0"]), 8000
+    )
+    kept, _ = resolve(
+        configs["qwen3-8b"], H100, "--inference.quantization", "fp8", "--loss.is-correction", "none"
+    )
+    assert kept.loss.is_correction == "none"
+    cpu = load(RLConfig, ["--model.path", str(configs["qwen3-8b"]), "--inference.quantization", "fp8"])
+    with pytest.raises(ConfigError, match="inference.quantization: fp8 needs vLLM on GPUs"):
+        gpu_defaults(cpu, [], [])

@@ -34,6 +34,14 @@ def gpu_defaults(
     gpu_bytes: the trainer GPU's memory (unset: nvidia-smi's). Returns the config and the plan."""
     i, o = cfg.inference, cfg.orchestrator
     update: dict[str, object] = {"dtype": i.vllm_dtype(cfg.model.dtype, bool(inference_gpus))}
+    loss = cfg.loss
+    if i.quantization:
+        if not inference_gpus and not i.urls and not (cfg.deployment.type == "multi_node"):
+            raise ConfigError(
+                f"inference.quantization: {i.quantization} needs vLLM on GPUs; this run's is on the CPU"
+            )
+        if "is_correction" not in loss.model_fields_set:  # FP8's sampler drifts further from the trainer
+            loss = loss.model_copy(update={"is_correction": "token_tis"})
     shared = shares(inference_gpus, trainer_gpus)
     d = cfg.deployment
     gpu_nodes = d.type == "multi_node" and d.gpus_per_node > 0
@@ -74,6 +82,7 @@ def gpu_defaults(
             "orchestrator": o.model_copy(update=shape),
             "trainer": trainer,
             "weights": weights,
+            "loss": loss,
         }
     )
     return resolved, chosen
@@ -99,6 +108,7 @@ def plan_job(cfg: RLConfig, seq_len: int, trainer_ranks: int, copies: int) -> Jo
         stored_bytes=DTYPE_BYTES[cfg.model.dtype],
         compute_bytes=DTYPE_BYTES.get(t.param_dtype, DTYPE_BYTES[cfg.model.dtype]),
         vllm_bytes=DTYPE_BYTES[i.vllm_dtype(cfg.model.dtype, True)],
+        vllm_weight_bytes=1 if i.quantization == "fp8" else 0,
         trains_all=t.lora is None,
         ranks=max(1, trainer_ranks),
         tp=i.tensor_parallel_size,

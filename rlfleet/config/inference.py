@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -30,6 +31,12 @@ class InferenceConfig(Strict):
         description="vLLM's share of its GPU; unset = 0.9 on its own GPU, and on one it shares with the "
         "trainer the memory plan's (KV for every rollout in flight where that fits; config/memory.py), "
         "0.45 where the GPU's memory cannot be read.",
+    )
+    quantization: Literal["fp8"] | None = Field(
+        None,
+        description="fp8: vLLM quantizes the bf16 weights to FP8 online, at its start and at every "
+        "weight load (GPU replicas, Hopper or newer); the trainer stays bf16, and [loss] is_correction "
+        "defaults to token_tis for the sampler's larger mismatch. Unset: vLLM serves in its dtype.",
     )
     max_num_seqs: int | None = Field(
         None,

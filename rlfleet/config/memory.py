@@ -55,7 +55,8 @@ class Job:
     in_flight: int  # sequences the rollout stream keeps in flight on one replica
     stored_bytes: int = 2  # model.dtype: weights, gradients and AdamW's moments
     compute_bytes: int = 2  # trainer.param_dtype
-    vllm_bytes: int = 2  # inference.dtype
+    vllm_bytes: int = 2  # inference.dtype: vLLM's KV cache and activations
+    vllm_weight_bytes: int = 0  # vLLM's weights when quantized (fp8: 1); 0: vllm_bytes
     trains_all: bool = True  # False: LoRA on a frozen base
     ranks: int = 1  # trainer ranks the state shards over
     tp: int = 1  # vLLM's tensor parallelism
@@ -111,7 +112,7 @@ def kv_token_bytes(job: Job) -> int:
 
 def vllm_bytes(job: Job, seqs: float) -> int:
     """vLLM awake with KV for `seqs` of the longest rollouts."""
-    weights = job.shape.params * job.vllm_bytes // job.tp
+    weights = job.shape.params * (job.vllm_weight_bytes or job.vllm_bytes) // job.tp
     return weights + VLLM_FIXED + int(seqs * job.max_model_len * kv_token_bytes(job))
 
 

@@ -76,6 +76,8 @@ def server_args(cfg: InferenceJobConfig, port: int, model_path: str | None = Non
         args += ["--gpu-memory-utilization", str(i.gpu_memory_utilization or 0.9)]
     if i.max_num_seqs:
         args += ["--max-num-seqs", str(i.max_num_seqs)]
+    if i.quantization:
+        args += ["--quantization", i.quantization]
     if i.sleep:
         args.append("--enable-sleep-mode")
     return [*args, "--enable-scale-out", *i.extra_args]  # the token stream: /inference/v1/generate
