@@ -28,7 +28,7 @@ from rlfleet.config.sizing import GIB, ModelShape
 Mode = Literal["none", "selective", "full"]
 MODES: tuple[Mode, ...] = ("none", "selective", "full")
 
-VLLM_FIXED = 3 * GIB  # vLLM besides weights and KV: CUDA context and graphs, activations, sampler
+VLLM_FIXED = 4 * GIB  # vLLM besides weights and KV: CUDA context and graphs, activations, sampler, workspaces
 VLLM_ASLEEP = 1 * GIB  # vLLM asleep (level 2: weights and KV freed): its CUDA context and graphs
 TRAINER_FIXED = 2 * GIB  # the trainer's CUDA context, compile workspaces, allocator slack
 MIN_SEQS = 4  # the fewest longest rollouts vLLM's KV cache holds at once before rollouts serialize
