@@ -87,6 +87,7 @@ class MemoryPlan:
     vllm_share: float  # vLLM's gpu_memory_utilization
     kv_seqs: float  # longest rollouts vLLM's KV cache holds at that share
     trainer_bytes: int  # the trainer's estimated peak with one row
+    row_bytes: int  # of which one row's activations and LM-head chunk (the probe's "GiB a row")
     micro_batch_tokens: int  # tokens a micro-batch could hold by the estimate (the probe sizes it)
     why: str
 
@@ -97,7 +98,7 @@ class MemoryPlan:
         return (
             f"{vllm}; trainer: activation checkpointing {self.checkpointing}, optimizer "
             f"{'offloaded to the host' if self.offload else 'on the GPU'}, ~{self.trainer_bytes / GIB:.1f} GiB "
-            f"with one row, micro-batches up to ~{self.micro_batch_tokens} tokens (sized at the first "
+            f"with one row (~{self.row_bytes / GIB:.2f} GiB of it the row), micro-batches up to ~{self.micro_batch_tokens} tokens (sized at the first "
             f"batch) of {self.gpu_bytes / GIB:.1f} GiB: {self.why}"
         )
 
@@ -170,8 +171,19 @@ def plan(job: Job, gpu_bytes: int, shared: bool, fixed: Levers = Levers()) -> Me
             for mode in modes:
                 if (need := step_bytes(job, mode, offload, job.row_tokens)) <= gpu_bytes:
                     fits = most_tokens(job, mode, offload, gpu_bytes)
+                    row = need - static_bytes(job, offload)
                     return MemoryPlan(
-                        gpu_bytes, False, mode, offload, False, share, kv, need, fits, "vLLM on its own GPU"
+                        gpu_bytes,
+                        False,
+                        mode,
+                        offload,
+                        False,
+                        share,
+                        kv,
+                        need,
+                        row,
+                        fits,
+                        "vLLM on its own GPU",
                     )
         return None
     sleeps = [fixed.sleep] if fixed.sleep is not None else [False, True] if job.on_policy else [False]
@@ -224,9 +236,9 @@ def _shared(
         why = f"KV for all {job.in_flight} rollouts in flight does not fit beside the trainer: vLLM takes the rest"
     if offload:
         why += "; the optimizer's state on the host"
-    return MemoryPlan(
-        total, True, mode, offload, sleep, share, kv, peak, most_tokens(job, mode, offload, room), why
-    )
+    row = peak - static_bytes(job, offload)
+    fits = most_tokens(job, mode, offload, room)
+    return MemoryPlan(total, True, mode, offload, sleep, share, kv, peak, row, fits, why)
 
 
 def levers_that_fit(job: Job, gpu_bytes: int, shared: bool, fixed: Levers) -> list[str]:
