@@ -247,8 +247,17 @@ def trl_worker(spec_path: str) -> None:
             return out
 
     rows, args = spec["rows"], GRPOConfig(**spec["grpo"])
+    peft = None
+    if spec.get("peft"):  # rlfleet's [trainer.lora]: PEFT adapters on the same targets, rank and alpha
+        from peft import LoraConfig
+
+        peft = LoraConfig(**spec["peft"], bias="none", task_type="CAUSAL_LM")
     trainer = Timed(
-        model=spec["model"], reward_funcs=reward_for(spec), args=args, train_dataset=Dataset.from_list(rows)
+        model=spec["model"],
+        reward_funcs=reward_for(spec),
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        peft_config=peft,
     )
     processes, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
     if processes != spec["processes"]:

@@ -49,7 +49,7 @@ from common import (
 from trl_servers import HOST, placement, sampler, sampler_arguments, serving, visible_gpus
 from trl_worker import async_grpo_kwargs, grpo_kwargs, launcher, processes_argument, read_clock, trl_worker
 
-from rlfleet.trainer.shapes import BODIES
+from rlfleet.trainer.shapes import BODIES, REAL
 
 JOB = ROOT / "examples" / "tiny" / "rl.toml"
 # Qwen2-0.5B's / -1.5B's bodies as Llamas (no qkv bias, untied LM head); the char tokenizer padded to 32768 ids.
@@ -185,14 +185,44 @@ def trl_spec(
         "sampler": sampler,
         "server": server,
     }
+    if (lora := cfg.trainer.lora) is not None:
+        from rlfleet.config.lora import DEFAULT_TARGETS
+
+        targets = list(lora.target_modules or DEFAULT_TARGETS)
+        out["peft"] = {
+            "r": lora.rank,
+            "lora_alpha": lora.alpha,
+            "lora_dropout": lora.dropout,
+            "target_modules": targets,
+        }
     return out | {"grpo": grpo, "result": str(tmp / "trl_clock.json")}
 
 
-def describe(
-    a: argparse.Namespace, cfg: Any, shape: dict[str, Any], argv: list[str], spec: dict[str, Any]
-) -> dict[str, Any]:
-    from rlfleet.trainer.tiny import tiny_config
+def make_model(name: str, out: Path, cuda: bool, weights: bool = True) -> dict[str, Any]:
+    """The job's model at shape `name` (SHAPES' tiny Llamas, or a real config of rlfleet/trainer/
+    shapes.py, e.g. qwen3-8b) with the character tokenizer padded to its vocabulary; without weights
+    the config and tokenizer only (a dry run). Returns its config."""
+    from rlfleet.trainer.shapes import make_shape_model, real_config
+    from rlfleet.trainer.tiny import build_tokenizer, make_tiny_model, tiny_config
 
+    dtype = "bfloat16" if cuda else "float32"
+    if name in SHAPES:
+        config = tiny_config(**SHAPES[name] | {"dtype": dtype})
+        if weights:
+            make_tiny_model(out, seed=0, **SHAPES[name] | {"dtype": dtype})
+    else:
+        config = real_config(name, dtype)
+        if weights:
+            make_shape_model(name, out, dtype=dtype, device="cuda" if cuda else "cpu")
+    if not weights:
+        config.save_pretrained(out)
+        build_tokenizer(config.vocab_size).save_pretrained(out)
+    return config.to_dict()
+
+
+def describe(
+    a: argparse.Namespace, cfg: Any, model_config: dict[str, Any], argv: list[str], spec: dict[str, Any]
+) -> dict[str, Any]:
     o = cfg.orchestrator
     return {
         "device": a.device,
@@ -200,7 +230,8 @@ def describe(
         "trl_vllm": a.trl_vllm,
         "trl_sampler": spec["sampler"],
         "trl_processes": a.trl_processes,
-        "model": tiny_config(**shape).to_dict(),
+        "model": model_config,
+        "lora": spec.get("peft"),
         "job": str(JOB.relative_to(ROOT)),
         "rlfleet_args": argv[2:],
         "steps": cfg.max_steps,
@@ -218,7 +249,8 @@ def main() -> None:
         return trl_worker(sys.argv[2])
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    ap.add_argument("--shape", choices=sorted([*SHAPES, *REAL]), default="tiny")
+    ap.add_argument("--lora", type=int, help="LoRA adapters of this rank on both sides (TRL: PEFT)")
     ap.add_argument("--steps", type=int, default=None, help="default: the job's max_steps")
     sampler_arguments(ap)
     processes_argument(ap)
@@ -235,9 +267,7 @@ def main() -> None:
 
     from rlfleet.config.loader import load
     from rlfleet.config.models import RLConfig
-    from rlfleet.trainer.tiny import build_tokenizer, make_tiny_model, tiny_config
 
-    shape = SHAPES[a.shape] | ({"dtype": "bfloat16"} if a.device == "cuda" else {})
     env: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp_s:
@@ -245,14 +275,11 @@ def main() -> None:
         logs = Path(a.logs) if a.logs else tmp
         logs.mkdir(parents=True, exist_ok=True)
         model = tmp / "model"
-        if a.dry_run:  # the GPU shape's weights are 0.8 GB: config and tokenizer only
-            tiny_config(**shape).save_pretrained(model)
-            build_tokenizer(tiny_config(**shape).vocab_size).save_pretrained(model)
-        else:
-            make_tiny_model(model, seed=0, **shape)
+        model_config = make_model(a.shape, model, a.device == "cuda", weights=not a.dry_run)
         argv = ["@", str(JOB), "--model.path", str(model), "--output-dir", str(tmp / "rlfleet")]
         argv += ["--inference.port", str(free_port()), "--wandb.mode", "disabled"]
         argv += ["--max-steps", str(a.steps)] if a.steps else []
+        argv += ["--trainer.lora.rank", str(a.lora)] if a.lora else []
         if a.device == "cuda":
             argv += ["--model.dtype", "bfloat16", "--deployment.num-inference-gpus", "1"]
             argv += ["--deployment.num-train-gpus", "1"]
@@ -267,7 +294,11 @@ def main() -> None:
 
             config = AsyncGRPOConfig if trl_sampler == "async" else GRPOConfig
             config(**spec["grpo"] | {"bf16": False, "use_cpu": True})  # bf16 needs a GPU to validate
-            print(json.dumps({"model": tiny_config(**shape).to_dict(), "rlfleet": argv, "trl": spec["grpo"]}))
+            print(
+                json.dumps(
+                    {"model": model_config, "rlfleet": argv, "trl": spec["grpo"], "peft": spec.get("peft")}
+                )
+            )
             return
         if a.only != "trl":
             results["rlfleet"] = run_rlfleet(argv, tmp / "rlfleet", logs / "rlfleet.log")
@@ -282,7 +313,7 @@ def main() -> None:
         r, t = results["rlfleet"], results["trl"]
         ratio = {"wall": r["wall_s"] / t["wall_s"], "steps_per_s": r["steps_per_s"] / t["steps_per_s"]}
         results["ratio_rlfleet_over_trl"] = ratio
-    write(a.out, results, describe(a, cfg, shape, argv, spec), env | versions())
+    write(a.out, results, describe(a, cfg, model_config, argv, spec), env | versions())
     runs = {n: results[n] for n in ("rlfleet", "trl") if n in results}
     table_of(f"rlfleet vs TRL GRPOTrainer: {a.shape} on {a.device}, {cfg.max_steps} steps", COLS, runs)
     if "ratio_rlfleet_over_trl" in results:

@@ -90,3 +90,20 @@ def test_the_step_batch_splits_over_processes_or_is_refused(bench):
         trl_worker.trl_batch(24, 4, 5)
     with pytest.raises(SystemExit, match="32 sequences .* 2 processes x micro-batches of 5"):
         trl_worker.trl_batch(32, 5, 2)
+
+
+def test_lora_reaches_trls_side_as_the_same_peft_adapters(bench, tiny_model, tmp_path):
+    """`--lora R` (rlfleet's [trainer.lora]) gives TRL's GRPOTrainer PEFT adapters of the same rank,
+    alpha, dropout and targets; without it TRL trains the full model."""
+    vs_trl, _ = bench
+    argv = ["@", str(vs_trl.JOB), "--model.path", str(tiny_model), "--output-dir", str(tmp_path / "r")]
+    full = vs_trl.trl_spec(load(RLConfig, argv), tiny_model, tmp_path, "cpu", "hf", 1)
+    cfg = load(RLConfig, [*argv, "--trainer.lora.rank", "8", "--trainer.lora.alpha", "24"])
+    lora = vs_trl.trl_spec(cfg, tiny_model, tmp_path, "cpu", "hf", 1)
+    assert "peft" not in full
+    assert lora["peft"] == {
+        "r": 8,
+        "lora_alpha": 24.0,
+        "lora_dropout": 0.0,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    }
