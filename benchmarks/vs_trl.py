@@ -173,7 +173,7 @@ def trl_spec(
         grpo = async_grpo_kwargs(cfg, tmp / "trl", micro, cuda, url, processes)
     else:
         # a share set for the job is both sides'; unset, rlfleet's memory plan chooses its own and TRL's
-        # colocated vLLM takes 0.45 (the JSON records both)
+        # colocated vLLM takes 0.45 (in the JSON's trl_grpo_config)
         share = (cfg.inference.gpu_memory_utilization or 0.45) if sampler == "colocate" else None
         grpo = grpo_kwargs(cfg, tmp / "trl", micro, cuda, share, processes, url)
     grpo["model_init_kwargs"] = {"dtype": dtype}
