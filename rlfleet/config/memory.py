@@ -98,8 +98,9 @@ class MemoryPlan:
         return (
             f"{vllm}; trainer: activation checkpointing {self.checkpointing}, optimizer "
             f"{'offloaded to the host' if self.offload else 'on the GPU'}, ~{self.trainer_bytes / GIB:.1f} GiB "
-            f"with one row (~{self.row_bytes / GIB:.2f} GiB of it the row), micro-batches up to ~{self.micro_batch_tokens} tokens (sized at the first "
-            f"batch) of {self.gpu_bytes / GIB:.1f} GiB: {self.why}"
+            f"with one row (~{self.row_bytes / GIB:.2f} GiB of it the row), micro-batches up to "
+            f"~{self.micro_batch_tokens} tokens (sized at the first batch) of {self.gpu_bytes / GIB:.1f} GiB: "
+            f"{self.why}"
         )
 
 
@@ -170,20 +171,18 @@ def plan(job: Job, gpu_bytes: int, shared: bool, fixed: Levers = Levers()) -> Me
         for offload in offloads:
             for mode in modes:
                 if (need := step_bytes(job, mode, offload, job.row_tokens)) <= gpu_bytes:
-                    fits = most_tokens(job, mode, offload, gpu_bytes)
-                    row = need - static_bytes(job, offload)
                     return MemoryPlan(
-                        gpu_bytes,
-                        False,
-                        mode,
-                        offload,
-                        False,
-                        share,
-                        kv,
-                        need,
-                        row,
-                        fits,
-                        "vLLM on its own GPU",
+                        gpu_bytes=gpu_bytes,
+                        shared=False,
+                        checkpointing=mode,
+                        offload=offload,
+                        sleep=False,
+                        vllm_share=share,
+                        kv_seqs=kv,
+                        trainer_bytes=need,
+                        row_bytes=need - static_bytes(job, offload),
+                        micro_batch_tokens=most_tokens(job, mode, offload, gpu_bytes),
+                        why="vLLM on its own GPU",
                     )
         return None
     sleeps = [fixed.sleep] if fixed.sleep is not None else [False, True] if job.on_policy else [False]
@@ -236,9 +235,19 @@ def _shared(
         why = f"KV for all {job.in_flight} rollouts in flight does not fit beside the trainer: vLLM takes the rest"
     if offload:
         why += "; the optimizer's state on the host"
-    row = peak - static_bytes(job, offload)
-    fits = most_tokens(job, mode, offload, room)
-    return MemoryPlan(total, True, mode, offload, sleep, share, kv, peak, row, fits, why)
+    return MemoryPlan(
+        gpu_bytes=total,
+        shared=True,
+        checkpointing=mode,
+        offload=offload,
+        sleep=sleep,
+        vllm_share=share,
+        kv_seqs=kv,
+        trainer_bytes=peak,
+        row_bytes=peak - static_bytes(job, offload),
+        micro_batch_tokens=most_tokens(job, mode, offload, room),
+        why=why,
+    )
 
 
 def levers_that_fit(job: Job, gpu_bytes: int, shared: bool, fixed: Levers) -> list[str]:
