@@ -73,7 +73,8 @@ class TrainerConfig(Strict):
     lm_head_chunk: int | None = Field(
         None,
         ge=0,
-        description="Tokens per LM-head chunk for logprobs; 0 = full logits; unset = 8192 on a GPU, 0 on a CPU.",
+        description="Tokens per LM-head chunk for logprobs; 0 = full logits; unset = on a GPU 8192 up to a 64k "
+        "vocabulary, halved until a chunk's fp32 logits are 2 GiB (2048 at 152k), 0 on a CPU.",
     )
     compile: bool | None = Field(
         None,
