@@ -167,22 +167,11 @@ def plan(job: Job, gpu_bytes: int, shared: bool, fixed: Levers = Levers()) -> Me
         share = fixed.vllm_share or SHARE_CAP
         if vllm_bytes(job, 1) > share * gpu_bytes:
             return None
-        kv = (share * gpu_bytes - vllm_bytes(job, 0)) / (job.max_model_len * kv_token_bytes(job))
         for offload in offloads:
             for mode in modes:
-                if (need := step_bytes(job, mode, offload, job.row_tokens)) <= gpu_bytes:
-                    return MemoryPlan(
-                        gpu_bytes=gpu_bytes,
-                        shared=False,
-                        checkpointing=mode,
-                        offload=offload,
-                        sleep=False,
-                        vllm_share=share,
-                        kv_seqs=kv,
-                        trainer_bytes=need,
-                        row_bytes=need - static_bytes(job, offload),
-                        micro_batch_tokens=most_tokens(job, mode, offload, gpu_bytes),
-                        why="vLLM on its own GPU",
+                if step_bytes(job, mode, offload, job.row_tokens) <= gpu_bytes:
+                    return _made(
+                        job, gpu_bytes, False, mode, offload, False, share, gpu_bytes, "vLLM on its own GPU"
                     )
         return None
     sleeps = [fixed.sleep] if fixed.sleep is not None else [False, True] if job.on_policy else [False]
@@ -225,7 +214,6 @@ def _shared(
             return None
     elif vllm_bytes(job, 1) > share * total or share * total + beside > total:
         return None
-    kv = (share * total - vllm_bytes(job, 0)) / (job.max_model_len * kv_token_bytes(job))
     room = total - (VLLM_ASLEEP if sleep else int(share * total))
     if sleep:
         why = "the trainer fits only while vLLM sleeps"
@@ -235,14 +223,30 @@ def _shared(
         why = f"KV for all {job.in_flight} rollouts in flight does not fit beside the trainer: vLLM takes the rest"
     if offload:
         why += "; the optimizer's state on the host"
+    return _made(job, total, True, mode, offload, sleep, share, room, why)
+
+
+def _made(
+    job: Job,
+    total: int,
+    shared: bool,
+    mode: Mode,
+    offload: bool,
+    sleep: bool,
+    share: float,
+    room: int,
+    why: str,
+) -> MemoryPlan:
+    """The plan of one fitting choice; `room`: the trainer's bytes while it steps."""
+    peak = step_bytes(job, mode, offload, job.row_tokens)
     return MemoryPlan(
         gpu_bytes=total,
-        shared=True,
+        shared=shared,
         checkpointing=mode,
         offload=offload,
         sleep=sleep,
         vllm_share=share,
-        kv_seqs=kv,
+        kv_seqs=(share * total - vllm_bytes(job, 0)) / (job.max_model_len * kv_token_bytes(job)),
         trainer_bytes=peak,
         row_bytes=peak - static_bytes(job, offload),
         micro_batch_tokens=most_tokens(job, mode, offload, room),
