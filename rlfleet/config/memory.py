@@ -169,9 +169,18 @@ def plan(job: Job, gpu_bytes: int, shared: bool, fixed: Levers = Levers()) -> Me
             return None
         for offload in offloads:
             for mode in modes:
-                if step_bytes(job, mode, offload, job.row_tokens) <= gpu_bytes:
+                if (peak := step_bytes(job, mode, offload, job.row_tokens)) <= gpu_bytes:
                     return _made(
-                        job, gpu_bytes, False, mode, offload, False, share, gpu_bytes, "vLLM on its own GPU"
+                        job,
+                        gpu_bytes,
+                        False,
+                        mode,
+                        offload,
+                        False,
+                        share,
+                        peak,
+                        gpu_bytes,
+                        "vLLM on its own GPU",
                     )
         return None
     sleeps = [fixed.sleep] if fixed.sleep is not None else [False, True] if job.on_policy else [False]
@@ -223,7 +232,7 @@ def _shared(
         why = f"KV for all {job.in_flight} rollouts in flight does not fit beside the trainer: vLLM takes the rest"
     if offload:
         why += "; the optimizer's state on the host"
-    return _made(job, total, True, mode, offload, sleep, share, room, why)
+    return _made(job, total, True, mode, offload, sleep, share, peak, room, why)
 
 
 def _made(
@@ -234,11 +243,12 @@ def _made(
     offload: bool,
     sleep: bool,
     share: float,
+    peak: int,
     room: int,
     why: str,
 ) -> MemoryPlan:
-    """The plan of one fitting choice; `room`: the trainer's bytes while it steps."""
-    peak = step_bytes(job, mode, offload, job.row_tokens)
+    """The plan of one fitting choice; `peak`: the trainer's step with one row (`step_bytes`),
+    `room`: the trainer's bytes while it steps."""
     return MemoryPlan(
         gpu_bytes=total,
         shared=shared,

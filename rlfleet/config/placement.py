@@ -270,13 +270,20 @@ def model_shape(path: str) -> ModelShape | None:
     return replace(shape, params=params or config_params(text, shape))
 
 
+def _experts(text: dict) -> tuple[int, int]:
+    """A MoE's experts and each one's width; (0, 0) for a dense MLP."""
+    experts = text.get("num_experts") or text.get("num_local_experts") or 0
+    width = text.get("moe_intermediate_size") or 0
+    return (experts, width) if experts and width else (0, 0)
+
+
 def _mlp_width(text: dict) -> int:
     """The MLP width one token runs through: a MoE's experts per token x their width (and a shared
     expert's), else intermediate_size."""
-    experts = text.get("num_experts") or text.get("num_local_experts") or 0
-    if experts and text.get("moe_intermediate_size"):
+    experts, width = _experts(text)
+    if experts:
         shared = text.get("shared_expert_intermediate_size") or 0
-        return text.get("num_experts_per_tok", 1) * text["moe_intermediate_size"] + shared
+        return text.get("num_experts_per_tok", 1) * width + shared
     return text.get("intermediate_size") or 0
 
 
@@ -289,10 +296,7 @@ def config_params(text: dict, shape: ModelShape) -> int:
         return 0
     hd = shape.head_dim or h // shape.heads
     attn = h * hd * (2 * shape.heads + 2 * shape.kv_heads)
-    experts = text.get("num_experts") or text.get("num_local_experts") or 0
-    if experts and text.get("moe_intermediate_size"):
-        mlp = experts * 3 * h * text["moe_intermediate_size"] + experts * h
-    else:
-        mlp = 3 * h * shape.ffn
+    experts, width = _experts(text)
+    mlp = experts * (3 * h * width + h) if experts else 3 * h * shape.ffn
     head = 0 if text.get("tie_word_embeddings", True) else v * h
     return v * h + head + shape.layers * (attn + mlp + 2 * h) + h
