@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import median, rl_config, run_rl, write
+from common import median, rl_config, run_rl, steps, trainer_metrics, write
 
-from rlfleet.store import RunStore, layout
-from rlfleet.store.records import read_metrics, read_steps
+from rlfleet.store import layout
 from rlfleet.trainer.shapes import make_shape_model
 
 
@@ -38,9 +37,8 @@ def trainer_lines(out: Path) -> list[str]:
 
 
 def row(out: Path, records: list[dict[str, Any]], wall: float, warmup: int) -> dict[str, Any]:
-    store = RunStore(out)
-    metrics = [read_metrics(store, s) for s in store.json_steps(layout.METRICS)]
-    timed = metrics[warmup:] or metrics
+    metrics = trainer_metrics(out)
+    timed, timed_steps = metrics[warmup:] or metrics, records[warmup:] or records
     placement = json.loads((out / layout.PLACEMENT).read_text())
     return {
         "placement": placement["describe"],
@@ -51,9 +49,9 @@ def row(out: Path, records: list[dict[str, Any]], wall: float, warmup: int) -> d
         "train_tokens_per_s": median([m["train_tokens_per_s"] for m in timed if "train_tokens_per_s" in m]),
         "mfu": median([m["mfu"] for m in timed if "mfu" in m]),
         "activation_checkpointing": sorted({m.get("activation_checkpointing") for m in metrics} - {None}),
-        "median_step_s": median([r["step_seconds"] for r in records[warmup:] or records]),
-        "median_trainer_s": median([r["trainer_seconds"] for r in records[warmup:] or records]),
-        "median_sample_s": median([r["sample_seconds"] for r in records[warmup:] or records]),
+        "median_step_s": median([r["step_seconds"] for r in timed_steps]),
+        "median_trainer_s": median([r["trainer_seconds"] for r in timed_steps]),
+        "median_sample_s": median([r["sample_seconds"] for r in timed_steps]),
         "flow_wall_s": wall,
     }
 
@@ -101,7 +99,7 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - a row that fails is a result: what the plan said and why it failed
         result |= {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
         try:
-            result |= row(out, read_steps(RunStore(out)), float("nan"), a.warmup)
+            result |= row(out, steps(out), float("nan"), a.warmup)
         except Exception:  # noqa: BLE001 - it failed before its placement or first step
             result["trainer_sizing"] = trainer_lines(out) if out.exists() else []
     write(a.out, result)

@@ -65,11 +65,11 @@ def gpu_defaults(
         job = plan_job(cfg, shape["seq_len"], len(trainer_gpus), weights.trainer_copies)
         if job is not None and total is not None and (inference_gpus or not shared):
             chosen = memory_plan(cfg, job, total, shared)
+            # a lever the user set is the plan's too (`memory_plan` keeps it as set)
             update |= {"gpu_memory_utilization": chosen.vllm_share} if shared else {}
-            update |= {} if "sleep" in i.model_fields_set else {"sleep": chosen.sleep}
-            levers = {"activation_checkpointing": chosen.checkpointing, "optimizer_offload": chosen.offload}
+            update["sleep"] = chosen.sleep
             trainer = trainer.model_copy(
-                update={k: v for k, v in levers.items() if k not in trainer.model_fields_set}
+                update={"activation_checkpointing": chosen.checkpointing, "optimizer_offload": chosen.offload}
             )
     if shared and i.gpu_memory_utilization is None and "gpu_memory_utilization" not in update:
         update["gpu_memory_utilization"] = 0.45
