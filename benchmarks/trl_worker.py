@@ -248,10 +248,10 @@ def trl_worker(spec_path: str) -> None:
 
     rows, args = spec["rows"], GRPOConfig(**spec["grpo"])
     peft = None
-    if spec.get("peft"):  # rlfleet's [trainer.lora]: PEFT adapters on the same targets, rank and alpha
+    if spec.get("peft"):  # rlfleet's [trainer.lora] as its trainer builds it (trainer/lora.py peft_kwargs)
         from peft import LoraConfig
 
-        peft = LoraConfig(**spec["peft"], bias="none", task_type="CAUSAL_LM")
+        peft = LoraConfig(**spec["peft"])
     trainer = Timed(
         model=spec["model"],
         reward_funcs=reward_for(spec),

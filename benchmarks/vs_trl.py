@@ -187,16 +187,10 @@ def trl_spec(
         "sampler": sampler,
         "server": server,
     }
-    if (lora := cfg.trainer.lora) is not None:
-        from rlfleet.config.lora import DEFAULT_TARGETS
+    if cfg.trainer.lora is not None:  # the trainer's own adapters, for TRL's PEFT
+        from rlfleet.trainer.lora import peft_kwargs
 
-        targets = list(lora.target_modules or DEFAULT_TARGETS)
-        out["peft"] = {
-            "r": lora.rank,
-            "lora_alpha": lora.alpha,
-            "lora_dropout": lora.dropout,
-            "target_modules": targets,
-        }
+        out["peft"] = peft_kwargs(cfg.trainer.lora)
     return out | {"grpo": grpo, "result": str(tmp / "trl_clock.json")}
 
 

@@ -106,4 +106,6 @@ def test_lora_reaches_trls_side_as_the_same_peft_adapters(bench, tiny_model, tmp
         "lora_alpha": 24.0,
         "lora_dropout": 0.0,
         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
     }

@@ -57,19 +57,25 @@ def base_model(lm: torch.nn.Module) -> PreTrainedModel:
     return lm.get_base_model() if peft_model(lm) is not None else lm
 
 
+def peft_kwargs(cfg: LoraConfig) -> dict[str, Any]:
+    """PEFT's `LoraConfig` arguments for `[trainer.lora]`: what the trainer wraps its model with, and
+    what a peer given the same adapters gets (benchmarks/vs_trl.py hands them to TRL)."""
+    return {
+        "r": cfg.rank,
+        "lora_alpha": cfg.alpha,
+        "lora_dropout": cfg.dropout,
+        "target_modules": list(cfg.target_modules or DEFAULT_TARGETS),
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+    }
+
+
 def wrap(lm: PreTrainedModel, cfg: LoraConfig) -> PeftModel:
     """Adapters on the targeted linear layers of `lm` (initialised as PEFT does: A random, B = 0, so
     the model starts as the base); every other parameter is frozen. Adapters are float32 whatever
     the base's dtype (PEFT's autocast), so a bfloat16 base still trains fp32 adapters."""
     peft = _peft()
-    config = peft.LoraConfig(
-        r=cfg.rank,
-        lora_alpha=cfg.alpha,
-        lora_dropout=cfg.dropout,
-        target_modules=cfg.target_modules or list(DEFAULT_TARGETS),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+    config = peft.LoraConfig(**peft_kwargs(cfg))
     linear = sorted(
         {n.rsplit(".", 1)[-1] for n, m in lm.named_modules() if isinstance(m, torch.nn.Linear)}
         - set(UNSUPPORTED_TARGETS)
